@@ -1,0 +1,1 @@
+"""The learner actor: policy, reference model, optimizer, weight export."""

@@ -1,0 +1,1 @@
+"""Reward workers and the reward functions they run."""

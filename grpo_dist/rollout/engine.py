@@ -1,0 +1,27 @@
+"""The interface every generation backend implements (transformers, vLLM)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from grpo_dist.types import Completion, SamplingSettings
+
+
+class GenerationEngine(Protocol):
+    """A model that samples completions and takes new weights in place."""
+
+    def generate(
+        self, prompt_ids: list[list[int]], sampling: SamplingSettings
+    ) -> list[list[Completion]]:
+        """Sample `sampling.n` completions for each prompt; one inner list per prompt."""
+        ...
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Replace the served weights with `state_dict` (Hugging Face parameter names)."""
+        ...
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The weights the engine serves now, by Hugging Face parameter name."""
+        ...
