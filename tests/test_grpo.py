@@ -1,0 +1,112 @@
+"""The algorithm against values computed by hand."""
+
+import math
+
+import pytest
+import torch
+
+from grpo_dist.grpo import aggregate, group_advantages, kl_k3, policy_loss
+
+
+def test_advantages_std_scale_match_hand_values():
+    adv = group_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0]), group_size=4)
+    # mean 0.25, Bessel std sqrt(0.75/3) = 0.5 -> (1-0.25)/0.5 = 1.5, (0-0.25)/0.5 = -0.5
+    assert torch.allclose(adv, torch.tensor([1.5, -0.5, -0.5, -0.5]), atol=1e-5)
+
+
+def test_advantages_are_computed_per_group():
+    adv = group_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0, 2.0, 4.0, 2.0, 4.0]), group_size=4)
+    assert torch.allclose(adv[:4], torch.tensor([1.5, -0.5, -0.5, -0.5]), atol=1e-5)
+    # second group: mean 3, std sqrt(4/3)
+    s = math.sqrt(4 / 3)
+    assert torch.allclose(adv[4:], torch.tensor([-1 / s, 1 / s, -1 / s, 1 / s]), atol=1e-5)
+
+
+def test_advantages_no_scale_is_centering_only():
+    adv = group_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0]), group_size=4, scale="none")
+    assert torch.allclose(adv, torch.tensor([0.75, -0.25, -0.25, -0.25]))
+
+
+def test_equal_rewards_give_zeros_not_nan():
+    adv = group_advantages(torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0, 0.0]), group_size=3)
+    assert torch.equal(adv, torch.zeros(6))
+
+
+@pytest.mark.parametrize("rewards,group_size", [(torch.ones(5), 2), (torch.ones(4), 1), (torch.ones(2, 2), 2)])
+def test_advantages_reject_bad_shapes(rewards, group_size):
+    with pytest.raises(ValueError):
+        group_advantages(rewards, group_size)
+
+
+MASK = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]])
+PER_TOKEN = torch.tensor([[1.0, 1.0, 9.0, 9.0], [4.0, 4.0, 4.0, 4.0]])  # 9s are masked out
+
+
+@pytest.mark.parametrize(
+    "aggregation,expected",
+    [("token_mean", 3.0), ("sequence_mean", 2.5), ("constant", 2.25)],
+)
+def test_aggregations_match_hand_values(aggregation, expected):
+    # token_mean: (1+1+4*4)/6 = 3; sequence_mean: (1+4)/2 = 2.5; constant: 18/(2*4) = 2.25
+    assert aggregate(PER_TOKEN, MASK, aggregation, max_tokens=4).item() == pytest.approx(expected)
+
+
+def test_policy_loss_aggregates_per_token_losses():
+    # ratio 1 everywhere and A = -per-token-loss makes -min(rho A, clip(rho) A) = -A = the values above
+    zeros = torch.zeros(2, 4)
+    advantages = torch.tensor([-1.0, -4.0])
+    for aggregation, expected in [("token_mean", 3.0), ("sequence_mean", 2.5), ("constant", 2.25)]:
+        loss, _ = policy_loss(zeros, zeros, advantages, MASK, aggregation=aggregation, max_tokens=4)
+        assert loss.item() == pytest.approx(expected)
+
+
+def test_k3_at_log_two():
+    # ref - logp = ln 2: exp(ln 2) - ln 2 - 1 = 1 - ln 2 = 0.306853
+    value = kl_k3(torch.tensor([0.0]), torch.tensor([math.log(2.0)]))
+    assert value.item() == pytest.approx(0.306853, abs=1e-6)
+    assert kl_k3(torch.tensor([-1.3]), torch.tensor([-1.3])).item() == 0.0
+
+
+def test_kl_penalty_adds_beta_times_k3():
+    logp = torch.zeros(1, 2)
+    ref = torch.full((1, 2), math.log(2.0))
+    mask = torch.ones(1, 2)
+    loss, stats = policy_loss(logp, logp, torch.tensor([0.0]), mask, ref_logprobs=ref, beta=0.1)
+    assert loss.item() == pytest.approx(0.1 * 0.306853, abs=1e-6)
+    assert stats["kl"] == pytest.approx(0.306853, abs=1e-6)
+
+
+def test_gradient_through_a_clipped_token_is_zero():
+    old = torch.zeros(1, 3)
+    # token 0: ratio e^0.5 > 1.2 with A > 0 -> clipped; token 1: ratio 1.1 inside; token 2: ratio e^-0.5 < 0.8, A > 0 -> not clipped
+    logp = torch.tensor([[0.5, math.log(1.1), -0.5]], requires_grad=True)
+    loss, stats = policy_loss(logp, old, torch.tensor([1.0]), torch.ones(1, 3))
+    loss.backward()
+    assert logp.grad[0, 0].item() == 0.0
+    assert logp.grad[0, 1].item() == pytest.approx(-1.1 / 3)  # d(-rho A)/dlogp = -rho A, / 3 tokens
+    assert logp.grad[0, 2].item() == pytest.approx(-math.exp(-0.5) / 3)
+    assert stats["clip_fraction"] == pytest.approx(1 / 3)
+    assert stats["ratio_max"] == pytest.approx(math.exp(0.5), rel=1e-5)
+    assert stats["ratio_min"] == pytest.approx(math.exp(-0.5), rel=1e-5)
+
+
+def test_negative_advantage_clips_below():
+    old = torch.zeros(1, 2)
+    logp = torch.tensor([[-0.5, 0.5]], requires_grad=True)  # ratios 0.61 (clipped for A<0), 1.65 (not)
+    loss, stats = policy_loss(logp, old, torch.tensor([-1.0]), torch.ones(1, 2), clip_low=0.2, clip_high=0.28)
+    loss.backward()
+    assert logp.grad[0, 0].item() == 0.0
+    assert logp.grad[0, 1].item() == pytest.approx(math.exp(0.5) / 2, rel=1e-5)
+    assert stats["clip_fraction"] == pytest.approx(0.5)
+
+
+def test_masked_tokens_get_no_gradient():
+    logp = torch.zeros(1, 3, requires_grad=True)
+    loss, _ = policy_loss(logp, torch.zeros(1, 3), torch.tensor([1.0]), torch.tensor([[1, 1, 0]]))
+    loss.backward()
+    assert logp.grad[0, 2].item() == 0.0
+
+
+def test_beta_without_reference_is_an_error():
+    with pytest.raises(ValueError, match="ref_logprobs"):
+        policy_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1), torch.ones(1, 1), beta=0.1)
