@@ -1,0 +1,243 @@
+"""Configuration: pydantic models, YAML recipes and dotted command-line overrides.
+
+Every setting lives in one `Config`; `load_config` turns a YAML file plus overrides such
+as `algo.beta=0.04` into a validated `Config`, or raises `ConfigError` with one message
+that names the field and the bad value. Nothing here starts Ray.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+BUILTIN_PREFIX = "builtin:"
+BUILTIN_ROOT = Path(__file__).parent / "tasks" / "assets"
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message names the field and the value."""
+
+
+def resolve_path(value: str) -> str:
+    """`builtin:arithmetic/model` -> the file shipped in grpo_dist/tasks/assets; else unchanged."""
+    if value.startswith(BUILTIN_PREFIX):
+        return str(BUILTIN_ROOT / value[len(BUILTIN_PREFIX) :])
+    return value
+
+
+def _existing_file(value: str) -> str:
+    if not Path(resolve_path(value)).is_file():
+        raise ValueError(f"file not found: {value!r}")
+    return value
+
+
+class Section(BaseModel):
+    """Unknown keys are errors, so a typo never silently falls back to a default."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(Section):
+    path: str = Field("builtin:arithmetic/model", description="local folder, Hugging Face hub id, or builtin:NAME")
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+
+    @field_validator("path")
+    @classmethod
+    def _local_or_hub(cls, value: str) -> str:
+        if Path(resolve_path(value)).is_dir() or (HUB_ID.match(value) and not value.startswith(".")):
+            return value
+        raise ValueError(f"not a model folder and not a hub id: {value!r}")
+
+
+class DataConfig(Section):
+    train: str = Field("builtin:arithmetic/train.jsonl", description="JSONL file, one row per prompt")
+    eval: str | None = Field("builtin:arithmetic/eval.jsonl", description="held-out JSONL, or null")
+    prompt_template: str = Field("{prompt}", description="str.format template over the row's fields")
+    eval_rows: int | None = Field(None, ge=1, description="evaluate on the first N eval rows (all if null)")
+
+    @field_validator("train", "eval")
+    @classmethod
+    def _files_exist(cls, value: str | None) -> str | None:
+        return None if value is None else _existing_file(value)
+
+
+class RolloutConfig(Section):
+    engine: Literal["transformers"] = "transformers"
+    num_workers: int = Field(1, ge=1)
+    num_cpus: float = Field(0.5, ge=0, description="Ray CPUs per worker (scheduling only; see threads)")
+    num_gpus: float = Field(0.0, ge=0)
+    threads: int = Field(2, ge=1, description="torch threads per worker (CPU)")
+    group_size: int = Field(8, ge=2, description="G, completions per prompt")
+    prompts_per_step: int = Field(32, ge=1)
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_new_tokens: int = Field(8, ge=1)
+
+
+class RewardFunctionConfig(Section):
+    name: str = Field(description="built-in name or package.module:function")
+    weight: float = 1.0
+
+    @field_validator("name")
+    @classmethod
+    def _importable(cls, value: str) -> str:
+        from grpo_dist.reward.registry import load_reward
+
+        load_reward(value)
+        return value
+
+
+class RewardConfig(Section):
+    functions: list[RewardFunctionConfig] = Field(
+        default_factory=lambda: [RewardFunctionConfig(name="exact_answer", weight=1.0)], min_length=1
+    )
+    accuracy_from: str = Field("exact_answer", description="the function whose score 1.0 counts as correct")
+    failure_score: float = Field(0.0, description="score of a sample whose reward raised or timed out")
+    timeout_s: float = Field(10.0, gt=0)
+    num_workers: int = Field(1, ge=1, description="reward actors")
+    num_cpus: float = Field(0.25, ge=0)
+    processes: int = Field(1, ge=1, description="scoring processes per reward actor")
+
+    @model_validator(mode="after")
+    def _accuracy_names_a_function(self) -> RewardConfig:
+        names = [f.name for f in self.functions]
+        if self.accuracy_from not in names:
+            raise ValueError(f"accuracy_from {self.accuracy_from!r} is not one of the reward functions {names}")
+        return self
+
+
+class AlgoConfig(Section):
+    lr: float = Field(1e-4, gt=0)
+    beta: float = Field(0.0, ge=0, description="KL penalty weight; 0 loads no reference model")
+    clip_low: float = Field(0.2, ge=0, lt=1)
+    clip_high: float = Field(0.2, ge=0)
+    advantage_scale: Literal["std", "none"] = "std"
+    aggregation: Literal["token_mean", "sequence_mean", "constant"] = "sequence_mean"
+    mu: int = Field(1, ge=1, description="optimisation passes over each batch")
+    minibatch_size: int | None = Field(None, ge=1, description="completions per optimizer step; null = whole batch")
+    max_grad_norm: float = Field(1.0, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+
+
+class LearnerConfig(Section):
+    num_cpus: float = Field(1.0, ge=0)
+    num_gpus: float = Field(0.0, ge=0)
+    threads: int = Field(2, ge=1, description="torch threads (CPU)")
+
+
+class TrainerConfig(Section):
+    steps: int = Field(150, ge=1)
+    max_wall_seconds: float | None = Field(None, gt=0, description="stop training when this much time has passed")
+    seed: int = 0
+    eval_every: int = Field(10, ge=0, description="evaluate every N steps (0: before and after only)")
+    output_dir: str = "runs"
+    run_name: str | None = None
+    save_final: bool = True
+    verify_weight_sync: bool = Field(True, description="check every rollout worker's weight checksum each step")
+    progress: bool = True
+
+
+class ClusterConfig(Section):
+    address: str | None = Field(None, description="Ray address; null: join a running cluster, else start one")
+    num_cpus: int | None = Field(None, ge=1, description="CPUs of a locally started cluster")
+    namespace: str = "grpo_dist"
+    actor_start_timeout_s: float = Field(600.0, gt=0, description="give up when actors cannot be placed")
+
+
+class Config(Section):
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    algo: AlgoConfig = Field(default_factory=AlgoConfig)
+    learner: LearnerConfig = Field(default_factory=LearnerConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+
+    @model_validator(mode="after")
+    def _minibatches_hold_whole_groups(self) -> Config:
+        batch = self.rollout.prompts_per_step * self.rollout.group_size
+        size = self.algo.minibatch_size
+        if size is not None and (size % self.rollout.group_size or batch % size):
+            raise ValueError(
+                f"algo.minibatch_size={size} must be a multiple of rollout.group_size={self.rollout.group_size} "
+                f"and divide the batch of prompts_per_step*group_size={batch}"
+            )
+        return self
+
+
+def apply_override(tree: dict[str, Any], assignment: str) -> None:
+    """Apply `a.b.c=value` to a nested dict; the value is parsed as YAML (numbers, lists...)."""
+    key, sep, raw = assignment.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"override {assignment!r} is not of the form section.field=value")
+    *parents, leaf = key.split(".")
+    node: Any = tree
+    for part in parents:
+        if isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        elif isinstance(node, dict):
+            node = node.setdefault(part, {})
+        else:
+            raise ConfigError(f"override {key}: {part!r} is not a section")
+    value = yaml.safe_load(raw) if raw else None
+    if isinstance(node, list) and leaf.isdigit() and int(leaf) < len(node):
+        node[int(leaf)] = value
+    elif isinstance(node, dict):
+        node[leaf] = value
+    else:
+        raise ConfigError(f"override {key}: cannot set {leaf!r}")
+
+
+def describe_error(error: ValidationError) -> str:
+    """One line per problem: the dotted field, the bad value, what is wrong."""
+    lines = []
+    for item in error.errors():
+        field = ".".join(str(part) for part in item["loc"]) or "config"
+        message = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            message = "unknown field"
+        lines.append(f"{field} = {item['input']!r}: {message}")
+    return "invalid config: " + "; ".join(lines)
+
+
+def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    """`update` laid over `base`: mappings merge key by key, anything else replaces."""
+    merged = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Read a YAML recipe (or the built-in default when `path` is None) and apply overrides."""
+    tree: dict[str, Any] = {}
+    if path is not None:
+        try:
+            tree = yaml.safe_load(Path(path).read_text()) or {}
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {path}") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+        if not isinstance(tree, dict):
+            raise ConfigError(f"config file {path} must hold a mapping of sections")
+    # overrides apply to the defaults too, so `reward.functions.0.weight=2` works without a file
+    tree = deep_merge(Config().model_dump(mode="json"), tree)
+    for assignment in overrides:
+        apply_override(tree, assignment)
+    try:
+        return Config.model_validate(tree)
+    except ValidationError as exc:
+        raise ConfigError(describe_error(exc)) from None
+
+
+def dump_config(config: Config) -> str:
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,59 @@
+"""Datasets: JSONL rows, prompt templates, and a deterministic cursor over prompts."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+from grpo_dist.config import resolve_path
+
+
+def read_jsonl(path: str) -> list[dict[str, Any]]:
+    """Rows of a JSONL file (`builtin:` paths allowed); blank lines are skipped."""
+    rows = []
+    with Path(resolve_path(path)).open() as handle:
+        for number, line in enumerate(handle, start=1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{path}:{number}: not valid JSON: {exc}") from None
+    if not rows:
+        raise ValueError(f"{path}: no rows")
+    return rows
+
+
+def render_prompt(template: str, row: dict[str, Any]) -> str:
+    """Fill `template` (str.format) with the row's fields."""
+    try:
+        return template.format(**row)
+    except KeyError as exc:
+        raise ValueError(f"prompt_template names field {exc} that the row lacks: {sorted(row)}") from None
+
+
+class PromptCursor:
+    """Walks the rows in a seeded random order, reshuffling at every epoch."""
+
+    def __init__(self, rows: list[dict[str, Any]], seed: int) -> None:
+        self.rows = rows
+        self.seed = seed
+        self.epoch = 0
+        self.position = 0
+        self._order = self._shuffled(0)
+
+    def _shuffled(self, epoch: int) -> list[int]:
+        order = list(range(len(self.rows)))
+        random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+        return order
+
+    def next_batch(self, size: int) -> list[dict[str, Any]]:
+        batch = []
+        while len(batch) < size:
+            if self.position == len(self._order):
+                self.epoch, self.position = self.epoch + 1, 0
+                self._order = self._shuffled(self.epoch)
+            batch.append(self.rows[self._order[self.position]])
+            self.position += 1
+        return batch

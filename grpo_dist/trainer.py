@@ -1,0 +1,255 @@
+"""The controller: the synchronous GRPO loop, run in the driver process.
+
+    prompts -> RolloutWorker x N -> RewardWorker x M -> Learner -> weights -> RolloutWorker x N
+
+It owns the loop and nothing heavy: actors do the generation, scoring and training.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import ray
+from tqdm import tqdm
+
+from grpo_dist.config import Config, dump_config
+from grpo_dist.data import PromptCursor, read_jsonl, render_prompt
+from grpo_dist.learner.worker import Learner
+from grpo_dist.metrics import MetricsLog, console_line, plot_run, standard_error, write_json_atomic
+from grpo_dist.reward.worker import RewardWorker
+from grpo_dist.rollout.worker import RolloutWorker
+from grpo_dist.types import Group, SamplingSettings
+
+T = TypeVar("T")
+
+
+class WeightSyncError(RuntimeError):
+    """A rollout worker serves weights other than the learner's: stale weights are an error."""
+
+
+def split(items: list[T], parts: int) -> list[list[T]]:
+    """Contiguous, nearly equal chunks (some may be empty when items < parts)."""
+    size, extra = divmod(len(items), parts)
+    chunks, start = [], 0
+    for index in range(parts):
+        end = start + size + (index < extra)
+        chunks.append(items[start:end])
+        start = end
+    return chunks
+
+
+@dataclass
+class Actors:
+    rollouts: list[Any]
+    rewards: list[Any]
+    learner: Any
+
+    @classmethod
+    def start(cls, config: Config) -> Actors:
+        """Create every actor with the resources its config section asks for."""
+        seed = config.trainer.seed
+        rollout_cls = ray.remote(RolloutWorker).options(
+            num_cpus=config.rollout.num_cpus, num_gpus=config.rollout.num_gpus
+        )
+        reward_cls = ray.remote(RewardWorker).options(num_cpus=config.reward.num_cpus)
+        learner_cls = ray.remote(Learner).options(num_cpus=config.learner.num_cpus, num_gpus=config.learner.num_gpus)
+        actors = cls(
+            rollouts=[
+                rollout_cls.remote(config.model, config.rollout, seed * 1000 + index)
+                for index in range(config.rollout.num_workers)
+            ],
+            rewards=[reward_cls.remote(config.reward) for _ in range(config.reward.num_workers)],
+            learner=learner_cls.remote(config.model, config.algo, config.learner, config.rollout, seed),
+        )
+        actors.wait_ready(config.cluster.actor_start_timeout_s)
+        return actors
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Block until every actor is constructed; name the resources when some cannot be placed."""
+        every = [*self.rollouts, *self.rewards, self.learner]
+        ready, pending = ray.wait([a.__ray_ready__.remote() for a in every], num_returns=len(every), timeout=timeout_s)
+        ray.get(ready)  # re-raises a constructor's exception
+        if pending:
+            self.stop()
+            raise TimeoutError(
+                f"{len(pending)} of {len(every)} actors not ready after {timeout_s:.0f} s; the cluster has "
+                f"{ray.available_resources()} available of {ray.cluster_resources()}: lower the num_cpus/num_gpus "
+                "of rollout, reward and learner, or add nodes"
+            )
+
+    def stop(self) -> None:
+        """Let reward actors stop their scoring processes (briefly), then kill every actor."""
+        ray.wait([reward.close.remote() for reward in self.rewards], num_returns=len(self.rewards), timeout=10)
+        for actor in [*self.rollouts, *self.rewards, self.learner]:
+            ray.kill(actor)
+
+
+class Trainer:
+    """Runs GRPO for `config.trainer.steps` steps and writes the run directory."""
+
+    def __init__(self, config: Config, run_dir: Path) -> None:
+        self.config = config
+        self.run_dir = run_dir
+        self.train_rows = read_jsonl(config.data.train)
+        eval_rows = read_jsonl(config.data.eval) if config.data.eval else []
+        self.eval_rows = eval_rows[: config.data.eval_rows] if config.data.eval_rows else eval_rows
+        self.cursor = PromptCursor(self.train_rows, config.trainer.seed)
+        self.sampling = SamplingSettings(
+            n=config.rollout.group_size,
+            temperature=config.rollout.temperature,
+            top_p=config.rollout.top_p,
+            max_new_tokens=config.rollout.max_new_tokens,
+        )
+        self.actors: Actors | None = None
+        self.version = 0
+
+    def run(self) -> dict[str, Any]:
+        started = time.time()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.yaml").write_text(dump_config(self.config))
+        log = MetricsLog(self.run_dir)
+        self.actors = Actors.start(self.config)
+        try:
+            self.verify_weights()
+            before = self.evaluate(step=0, log=log)
+            steps = self.train(log, started)
+            after = self.evaluate(step=steps, log=log)
+            if self.config.trainer.save_final:
+                ray.get(self.actors.learner.save.remote(str(self.run_dir / "final")))
+        finally:
+            self.actors.stop()
+        plot_run(log.records, self.run_dir / "plot.png")
+        summary = {
+            "eval_accuracy_before": before,
+            "eval_accuracy_after": after,
+            "eval_rows": len(self.eval_rows),
+            "eval_accuracy_stderr_after": standard_error(after, len(self.eval_rows)) if self.eval_rows else None,
+            "steps": steps,
+            "wall_seconds": round(time.time() - started, 1),
+            "run_dir": str(self.run_dir),
+        }
+        write_json_atomic(self.run_dir / "summary.json", summary)
+        return summary
+
+    def train(self, log: MetricsLog, started: float) -> int:
+        trainer = self.config.trainer
+        progress = tqdm(total=trainer.steps, desc="GRPO", disable=not trainer.progress, dynamic_ncols=True,
+                        mininterval=1.0)
+        step = 0
+        for step in range(1, trainer.steps + 1):
+            metrics = self.step()
+            log.write({"kind": "train", "step": step, "wall_s": round(time.time() - started, 2), **metrics})
+            progress.update(1)
+            progress.set_postfix_str(console_line(metrics), refresh=False)
+            if not trainer.progress and step % 10 == 0:
+                print(f"step {step:4d}  {console_line(metrics)}", flush=True)
+            if trainer.eval_every and step % trainer.eval_every == 0 and step < trainer.steps:
+                accuracy = self.evaluate(step, log)
+                progress.write(f"step {step:4d}  held-out accuracy {accuracy:.3f}")
+            if trainer.max_wall_seconds and time.time() - started > trainer.max_wall_seconds:
+                progress.write(f"stopping after {step} steps: max_wall_seconds={trainer.max_wall_seconds} reached")
+                break
+        progress.close()
+        return step
+
+    def step(self) -> dict[str, float]:
+        """One synchronous GRPO step; returns its metrics."""
+        assert self.actors is not None
+        timings: dict[str, float] = {}
+        clock = time.perf_counter()
+        rows = self.cursor.next_batch(self.config.rollout.prompts_per_step)
+        groups = self.generate(rows, self.sampling)
+        timings["time/generate_s"] = time.perf_counter() - clock
+
+        clock = time.perf_counter()
+        groups, reward_stats = self.score(groups)
+        timings["time/reward_s"] = time.perf_counter() - clock
+
+        clock = time.perf_counter()
+        learner_metrics = ray.get(self.actors.learner.train_step.remote(groups))
+        timings["time/learn_s"] = time.perf_counter() - clock
+
+        clock = time.perf_counter()
+        self.version += 1
+        self.broadcast_weights()
+        timings["time/sync_s"] = time.perf_counter() - clock
+        timings["time/step_s"] = sum(timings.values())
+        return {**self.rollout_metrics(groups, timings["time/generate_s"]), **reward_stats, **learner_metrics, **timings}
+
+    def generate(self, rows: list[dict[str, Any]], sampling: SamplingSettings) -> list[Group]:
+        prompts = [render_prompt(self.config.data.prompt_template, row) for row in rows]
+        row_chunks, prompt_chunks = split(rows, len(self.actors.rollouts)), split(prompts, len(self.actors.rollouts))
+        futures = [
+            worker.generate.remote(r, p, sampling)
+            for worker, r, p in zip(self.actors.rollouts, row_chunks, prompt_chunks)
+            if r
+        ]
+        return [group for chunk in ray.get(futures) for group in chunk]
+
+    def score(self, groups: list[Group]) -> tuple[list[Group], dict[str, float]]:
+        chunks = [c for c in split(groups, len(self.actors.rewards)) if c]
+        results = ray.get([worker.score.remote(c) for worker, c in zip(self.actors.rewards, chunks)])
+        scored = [group for chunk, _ in results for group in chunk]
+        stats: dict[str, float] = {}
+        for _, chunk_stats in results:
+            for key, value in chunk_stats.items():
+                stats[key] = stats.get(key, 0.0) + value
+        return scored, stats
+
+    def broadcast_weights(self) -> None:
+        """Put the learner's weights in the object store once; every rollout worker loads them."""
+        verify = self.config.trainer.verify_weight_sync
+        weights = self.actors.learner.export_weights.remote()  # an ObjectRef: stored once
+        served = ray.get([w.load_weights.remote(weights, self.version, verify) for w in self.actors.rollouts])
+        if verify:
+            self.check_checksums(served)
+
+    def verify_weights(self) -> None:
+        self.check_checksums(ray.get([w.checksum.remote() for w in self.actors.rollouts]))
+
+    def check_checksums(self, served: list[str | None]) -> None:
+        expected = ray.get(self.actors.learner.checksum.remote())
+        stale = [index for index, checksum in enumerate(served) if checksum != expected]
+        if stale:
+            raise WeightSyncError(f"rollout workers {stale} do not serve the learner's weights (version {self.version})")
+
+    def rollout_metrics(self, groups: list[Group], generate_s: float) -> dict[str, float]:
+        completions = [c for g in groups for c in g.completions]
+        rewards = [r for g in groups for r in g.rewards]
+        accuracy_values = [v for g in groups for v in g.reward_parts[self.config.reward.accuracy_from]]
+        tokens = sum(len(c.token_ids) for c in completions)
+        mean = sum(rewards) / len(rewards)
+        metrics = {
+            "reward/mean": mean,
+            "reward/std": (sum((r - mean) ** 2 for r in rewards) / len(rewards)) ** 0.5,
+            "reward/accuracy": sum(v >= 1.0 for v in accuracy_values) / len(accuracy_values),
+            "rollout/completion_length": tokens / len(completions),
+            "rollout/truncated_fraction": sum(c.finish_reason == "length" for c in completions) / len(completions),
+            "rollout/tokens_per_s": tokens / max(generate_s, 1e-9),
+        }
+        for name in groups[0].reward_parts:
+            values = [v for g in groups for v in g.reward_parts[name]]
+            metrics[f"reward/{name}/mean"] = sum(values) / len(values)
+        return metrics
+
+    def evaluate(self, step: int, log: MetricsLog) -> float:
+        """Greedy accuracy on the held-out rows; logged with its standard error."""
+        if not self.eval_rows:
+            return float("nan")
+        clock = time.perf_counter()
+        greedy = SamplingSettings(n=1, temperature=0.0, max_new_tokens=self.config.rollout.max_new_tokens)
+        groups, _ = self.score(self.generate(self.eval_rows, greedy))
+        values = [g.reward_parts[self.config.reward.accuracy_from][0] for g in groups]
+        accuracy = sum(v >= 1.0 for v in values) / len(values)
+        log.write({
+            "kind": "eval",
+            "step": step,
+            "eval/accuracy": accuracy,
+            "eval/accuracy_stderr": standard_error(accuracy, len(values)),
+            "eval/rows": len(values),
+            "time/eval_s": time.perf_counter() - clock,
+        })
+        return accuracy

@@ -1,0 +1,85 @@
+"""Configuration: recipes, overrides, and errors that name the field before anything starts."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from grpo_dist.config import Config, ConfigError, dump_config, load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_default_recipe_is_the_built_in_default():
+    assert load_config(ROOT / "configs" / "default.yaml") == load_config(None) == Config()
+
+
+def test_every_recipe_in_configs_validates():
+    for recipe in sorted((ROOT / "configs").glob("*.yaml")):
+        load_config(recipe)
+
+
+def test_dotted_overrides_are_typed():
+    config = load_config(None, ["algo.beta=0.04", "rollout.group_size=4", "reward.functions.0.weight=0.5",
+                                "trainer.run_name=demo", "data.eval=null"])
+    assert config.algo.beta == 0.04 and config.rollout.group_size == 4
+    assert config.reward.functions[0].weight == 0.5
+    assert config.trainer.run_name == "demo" and config.data.eval is None
+
+
+def test_resolved_config_round_trips_through_yaml():
+    config = load_config(None, ["algo.lr=3e-5"])
+    assert Config.model_validate(yaml.safe_load(dump_config(config))) == config
+
+
+@pytest.mark.parametrize(
+    "override,field,value",
+    [
+        ("algo.betta=0.1", "algo.betta", "0.1"),
+        ("rollout.group_size=1", "rollout.group_size", "1"),
+        ("algo.lr=fast", "algo.lr", "'fast'"),
+        ("data.train=missing.jsonl", "data.train", "'missing.jsonl'"),
+        ("algo.minibatch_size=12", "algo.minibatch_size", "12"),
+        ("reward.functions.0.name=nosuch.module:fn", "reward.functions.0.name", "nosuch.module:fn"),
+        ("reward.accuracy_from=other", "reward", "other"),
+        ("model.path=./no/such/model", "model.path", "./no/such/model"),
+    ],
+)
+def test_invalid_values_name_the_field_and_value(override, field, value):
+    with pytest.raises(ConfigError) as error:
+        load_config(None, [override])
+    message = str(error.value)
+    assert field in message and value in message
+
+
+def test_missing_and_malformed_files(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("algo: [unclosed")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+
+
+def test_hub_ids_pass_validation_without_network():
+    assert load_config(None, ["model.path=Qwen/Qwen2.5-0.5B-Instruct"]).model.path == "Qwen/Qwen2.5-0.5B-Instruct"
+
+
+def run_launch(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "grpo_dist.launch", *args], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+
+
+def test_cli_bad_config_exits_2_naming_the_field_before_ray_starts():
+    result = run_launch("rollout.group_size=1")
+    assert result.returncode == 2
+    assert "rollout.group_size" in result.stderr and "1" in result.stderr
+    assert "Ray" not in result.stderr + result.stdout  # nothing was started
+
+
+def test_cli_print_config_shows_overrides():
+    result = run_launch("--config", "configs/default.yaml", "--print-config", "algo.beta=0.02")
+    assert result.returncode == 0, result.stderr
+    assert yaml.safe_load(result.stdout)["algo"]["beta"] == 0.02

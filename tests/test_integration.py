@@ -1,0 +1,73 @@
+"""The whole system on a real local Ray cluster: real actors, real engine, real learner."""
+
+import pytest
+import ray
+
+from conftest import small_config
+from grpo_dist.reward.rules import exact_answer
+from grpo_dist.trainer import Actors, Trainer, WeightSyncError
+from grpo_dist.types import SamplingSettings
+
+GROUP = 4
+
+
+@pytest.fixture(scope="module")
+def trainer(ray_cluster, tmp_path_factory):
+    trainer = Trainer(small_config(tmp_path_factory.mktemp("runs")), run_dir=tmp_path_factory.mktemp("run"))
+    trainer.actors = Actors.start(trainer.config)
+    yield trainer
+    trainer.actors.stop()
+
+
+def test_workers_start_with_the_learners_weights(trainer):
+    trainer.verify_weights()  # raises WeightSyncError otherwise
+
+
+def test_groups_are_scored_by_the_reward_function(trainer):
+    rows = trainer.cursor.next_batch(4)
+    groups, stats = trainer.score(trainer.generate(rows, trainer.sampling))
+    assert len(groups) == 4 and stats["reward/exact_answer/failures"] == 0
+    for group in groups:
+        assert len(group.completions) == GROUP and len(group.rewards) == GROUP
+        for completion, reward in zip(group.completions, group.rewards):
+            assert reward == exact_answer(group.prompt, completion.text, answer=group.row["answer"])
+            assert len(completion.logprobs) == len(completion.token_ids) > 0
+    assert any(r == 1.0 for g in groups for r in g.rewards), "the warm-started model should solve some"
+
+
+def test_steps_change_the_weights_and_every_worker_follows(trainer):
+    learner = trainer.actors.learner
+    before = ray.get(learner.checksum.remote())
+    metrics = [trainer.step() for _ in range(2)]
+    after = ray.get(learner.checksum.remote())
+    assert after != before
+    assert [ray.get(w.checksum.remote()) for w in trainer.actors.rollouts] == [after, after]
+    assert [ray.get(w.policy_version.remote()) for w in trainer.actors.rollouts] == [2, 2]
+    for m in metrics:
+        assert 0.0 <= m["reward/mean"] <= 1.0 and m["learner/grad_norm"] > 0
+        # in the synchronous loop the learner's old logprobs are the sampler's (same weights)
+        assert m["rollout/logprob_diff_max"] < 1e-3
+
+
+def test_sampler_and_learner_logprobs_agree_after_the_update(trainer):
+    rows = trainer.cursor.next_batch(8)
+    groups = trainer.generate(rows, trainer.sampling)
+    assert {g.policy_version for g in groups} == {trainer.version}
+    learner_logprobs = ray.get(trainer.actors.learner.logprobs.remote(groups))
+    diffs = [
+        abs(a - b)
+        for group, group_lp in zip(groups, learner_logprobs)
+        for completion, lp in zip(group.completions, group_lp)
+        for a, b in zip(completion.logprobs, lp)
+    ]
+    assert len(diffs) > 8 * GROUP and max(diffs) < 1e-3
+
+
+def test_a_worker_with_stale_weights_is_an_error(trainer):
+    weights = ray.get(trainer.actors.learner.export_weights.remote())
+    stale = {name: tensor + 0.01 if tensor.is_floating_point() else tensor for name, tensor in weights.items()}
+    ray.get(trainer.actors.rollouts[1].load_weights.remote(stale, trainer.version))
+    with pytest.raises(WeightSyncError, match=r"\[1\]"):
+        trainer.verify_weights()
+    ray.get(trainer.actors.rollouts[1].load_weights.remote(weights, trainer.version))
+    trainer.verify_weights()
