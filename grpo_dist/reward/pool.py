@@ -1,0 +1,204 @@
+"""A pool of worker processes that run scoring callables with per-sample deadlines.
+
+Reward actors call their scorers off the main thread, so a time limit cannot use
+`signal`. Instead each sample runs in a worker process; a worker that passes its
+deadline is killed and replaced, and one that dies costs only its current sample.
+Workers are started with the "spawn" context (the caller may be a threaded Ray actor)
+and get the caller's `sys.path` as it was when the pool was created.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import multiprocessing
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from typing import Any, cast
+
+# A sample's deadline starts when its worker reports that it began the call; until
+# then (worker start-up, importing the scorer) this longer limit applies.
+_LOAD_TIMEOUT_S = 60.0
+_STOP_GRACE_S = 1.0
+
+Item = tuple[str, str, dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class ScoreOutcome:
+    """One sample's score, or why there is none ("timeout", "exception: ...", ...)."""
+
+    value: float | None
+    error: str | None = None
+
+
+def _resolve(fn_spec: str) -> Callable[..., Any]:
+    """Import "package.module:function" and return the function."""
+    module_name, _, attr = fn_spec.partition(":")
+    if not attr:
+        raise ValueError(f"fn_spec must look like 'package.module:function', got {fn_spec!r}")
+    return getattr(importlib.import_module(module_name), attr)
+
+
+def _call(fn: Callable[..., Any], item: Item) -> ScoreOutcome:
+    """Run one scorer call and turn its result or exception into an outcome."""
+    prompt, completion, fields = item
+    try:
+        value = float(fn(prompt, completion, **fields))
+    except Exception as exc:  # the scorer's failure is the sample's outcome
+        return _exception_outcome(exc)
+    if not math.isfinite(value):
+        return ScoreOutcome(None, f"non-finite: {value}")
+    return ScoreOutcome(value)
+
+
+def _exception_outcome(exc: Exception) -> ScoreOutcome:
+    return ScoreOutcome(None, f"exception: {type(exc).__name__}: {exc}")
+
+
+def _worker_main(conn: Connection, sys_path: list[str]) -> None:
+    """Serve (index, fn_spec, item) requests until a None arrives."""
+    sys.path[:] = sys_path
+    functions: dict[str, Callable[..., Any]] = {}
+    while (request := conn.recv()) is not None:
+        index, fn_spec, item = request
+        try:
+            if fn_spec not in functions:
+                functions[fn_spec] = _resolve(fn_spec)
+        except Exception as exc:
+            conn.send(("done", index, _exception_outcome(exc)))
+            continue
+        conn.send(("started", index, None))
+        conn.send(("done", index, _call(functions[fn_spec], item)))
+
+
+@dataclass
+class _Worker:
+    """A worker process, our end of its pipe, and the sample it is running."""
+
+    process: multiprocessing.process.BaseProcess
+    conn: Connection
+    index: int | None = None
+    deadline: float = math.inf
+
+
+class ScoringPool:
+    """`num_workers` processes that call scorers with a deadline of `timeout_s` each.
+
+    One `score` call runs at a time (calls from several threads take turns).
+    """
+
+    def __init__(self, num_workers: int, timeout_s: float) -> None:
+        if num_workers < 1 or timeout_s <= 0:
+            raise ValueError("num_workers must be >= 1 and timeout_s > 0")
+        self._timeout_s = timeout_s
+        self._context = multiprocessing.get_context("spawn")
+        self._sys_path = list(sys.path)
+        self._lock = threading.Lock()
+        self._workers = [self._start_worker() for _ in range(num_workers)]
+
+    def __enter__(self) -> ScoringPool:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """Process ids of the live workers."""
+        return [w.process.pid for w in self._workers if w.process.is_alive()]
+
+    def score(self, fn_spec: str, items: list[Item]) -> list[ScoreOutcome]:
+        """Call fn(prompt, completion, **fields) for each item; outcomes in item order."""
+        with self._lock:
+            outcomes: list[ScoreOutcome | None] = [None] * len(items)
+            pending = deque(range(len(items)))
+            while pending or any(w.index is not None for w in self._workers):
+                for worker in self._workers:
+                    if worker.index is None and pending:
+                        self._dispatch(worker, pending.popleft(), fn_spec, items)
+                self._wait_for_events()
+                for position, worker in enumerate(self._workers):
+                    self._collect(position, worker, outcomes)
+            return cast(list[ScoreOutcome], outcomes)
+
+    def close(self) -> None:
+        """Stop every worker: ask politely, then terminate and kill."""
+        with self._lock:
+            for worker in self._workers:
+                try:
+                    worker.conn.send(None)
+                except OSError:
+                    pass
+            for worker in self._workers:
+                self._stop(worker, grace_s=_STOP_GRACE_S)
+            self._workers = []
+
+    def _start_worker(self) -> _Worker:
+        ours, theirs = self._context.Pipe()
+        process = self._context.Process(
+            target=_worker_main, args=(theirs, self._sys_path), daemon=True
+        )
+        process.start()
+        theirs.close()
+        return _Worker(process, ours)
+
+    def _dispatch(self, worker: _Worker, index: int, fn_spec: str, items: list[Item]) -> None:
+        worker.index = index
+        worker.deadline = time.monotonic() + _LOAD_TIMEOUT_S
+        worker.conn.send((index, fn_spec, items[index]))
+
+    def _wait_for_events(self) -> None:
+        """Block until a busy worker sends, dies or reaches its deadline."""
+        busy = [w for w in self._workers if w.index is not None]
+        if not busy:
+            return
+        timeout = max(0.0, min(w.deadline for w in busy) - time.monotonic())
+        wait([w.conn for w in busy] + [w.process.sentinel for w in busy], timeout)
+
+    def _collect(self, position: int, worker: _Worker, outcomes: list[ScoreOutcome | None]) -> None:
+        """Read what `worker` sent; replace it if it died or overran its deadline."""
+        if worker.index is None:
+            return
+        try:
+            while worker.index is not None and worker.conn.poll():
+                kind, index, outcome = worker.conn.recv()
+                if kind == "started":
+                    worker.deadline = time.monotonic() + self._timeout_s
+                else:
+                    outcomes[index], worker.index = outcome, None
+        except (EOFError, OSError):
+            self._replace(position, ScoreOutcome(None, "worker died"), outcomes)
+            return
+        if worker.index is None:
+            return
+        if not worker.process.is_alive():
+            self._replace(position, ScoreOutcome(None, "worker died"), outcomes)
+        elif time.monotonic() >= worker.deadline:
+            self._replace(position, ScoreOutcome(None, "timeout"), outcomes)
+
+    def _replace(
+        self, position: int, outcome: ScoreOutcome, outcomes: list[ScoreOutcome | None]
+    ) -> None:
+        worker = self._workers[position]
+        outcomes[worker.index] = outcome
+        self._stop(worker, grace_s=0.0)
+        self._workers[position] = self._start_worker()
+
+    @staticmethod
+    def _stop(worker: _Worker, grace_s: float) -> None:
+        """Wait `grace_s` for the process to exit, then terminate, then kill."""
+        worker.process.join(grace_s)
+        if worker.process.is_alive():
+            worker.process.terminate()
+            worker.process.join(_STOP_GRACE_S)
+        if worker.process.is_alive():
+            worker.process.kill()
+            worker.process.join()
+        worker.conn.close()
+        worker.process.close()
