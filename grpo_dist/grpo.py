@@ -9,6 +9,12 @@ Notation (one prompt q, a group of G completions o_1..o_G with rewards r_1..r_G)
 
 and the per-token losses L_t are averaged over the batch in one of three ways
 (`aggregation`), which is where GRPO, DAPO and Dr. GRPO differ.
+
+The sampler (vLLM) and the learner compute pi_old differently, so the tokens were drawn
+from a slightly different pi_sampler. Truncated importance sampling (TIS) corrects that:
+
+    w_t   = min(exp(log pi_old(o_t) - log pi_sampler(o_t)), C)   C = tis_cap
+    L_t   = w_t * -min(rho_t A, clip(rho_t) A) + beta * KL_t
 """
 
 from __future__ import annotations
@@ -67,6 +73,26 @@ def aggregate(
     raise ValueError(f"unknown aggregation {aggregation!r}")
 
 
+def truncated_importance_weights(
+    old_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, cap: float
+) -> torch.Tensor:
+    """w_t = min(pi_old / pi_sampler, C) per token, without gradient."""
+    return torch.exp(old_logprobs.detach() - sampler_logprobs.detach()).clamp(max=cap)
+
+
+@torch.no_grad()
+def importance_weight_stats(
+    old_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, mask: torch.Tensor, cap: float | None
+) -> dict[str, float]:
+    """Mean and max of pi_old / pi_sampler over unmasked tokens, and the fraction above `cap`."""
+    weights = torch.exp(old_logprobs - sampler_logprobs)[mask.bool()]
+    if weights.numel() == 0:
+        return {"is_weight_mean": 1.0, "is_weight_max": 1.0, "is_capped_fraction": 0.0}
+    capped = (weights > cap).float().mean().item() if cap is not None else 0.0
+    return {"is_weight_mean": weights.mean().item(), "is_weight_max": weights.max().item(),
+            "is_capped_fraction": capped}
+
+
 def policy_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -78,18 +104,25 @@ def policy_loss(
     clip_high: float = 0.2,
     aggregation: Aggregation = "token_mean",
     max_tokens: int | None = None,
+    sampler_logprobs: torch.Tensor | None = None,
+    tis_cap: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The clipped GRPO objective with an optional KL penalty to a reference policy.
 
-    logprobs (with grad), old_logprobs, ref_logprobs and mask are [B, T]; advantages is
-    [B], one value per sequence broadcast over its tokens. Returns the scalar loss and
-    float statistics over the unmasked tokens.
+    logprobs (with grad), old_logprobs, ref_logprobs, sampler_logprobs and mask are [B, T];
+    advantages is [B], one value per sequence broadcast over its tokens. With `tis_cap`, the
+    policy term of each token is weighted by min(pi_old / pi_sampler, tis_cap). Returns the
+    scalar loss and float statistics over the unmasked tokens.
     """
     old_logprobs = old_logprobs.detach()
     adv = advantages.detach().to(logprobs.dtype).unsqueeze(1)  # A, the same for every token of o_i
     ratio = torch.exp(logprobs - old_logprobs)  # rho_t = pi_theta / pi_old
     clipped_ratio = torch.clamp(ratio, 1 - clip_low, 1 + clip_high)  # clip(rho_t, 1-eps_low, 1+eps_high)
     per_token = -torch.min(ratio * adv, clipped_ratio * adv)  # -min(rho A, clip(rho) A)
+    if tis_cap is not None:
+        if sampler_logprobs is None:
+            raise ValueError("tis_cap needs sampler_logprobs")
+        per_token = truncated_importance_weights(old_logprobs, sampler_logprobs, tis_cap) * per_token  # w_t * ...
     kl = None
     if beta != 0.0:
         if ref_logprobs is None:

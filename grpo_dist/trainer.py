@@ -13,12 +13,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import ray
+from ray.util.placement_group import PlacementGroup, remove_placement_group
 from tqdm import tqdm
 
 from grpo_dist.config import Config, dump_config
 from grpo_dist.data import PromptCursor, read_jsonl, render_prompt
 from grpo_dist.learner.worker import Learner
 from grpo_dist.metrics import MetricsLog, console_line, plot_run, standard_error, write_json_atomic
+from grpo_dist.placement import in_bundle, rollout_placement_group
 from grpo_dist.reward.worker import RewardWorker
 from grpo_dist.rollout.worker import RolloutWorker
 from grpo_dist.types import Group, SamplingSettings
@@ -46,23 +48,31 @@ class Actors:
     rollouts: list[Any]
     rewards: list[Any]
     learner: Any
+    placement: PlacementGroup
 
     @classmethod
     def start(cls, config: Config) -> Actors:
-        """Create every actor with the resources its config section asks for."""
+        """Create every actor with the resources its config section asks for.
+
+        Rollout workers go into one placement group, a bundle each (rollout.placement).
+        """
         seed = config.trainer.seed
-        rollout_cls = ray.remote(RolloutWorker).options(
-            num_cpus=config.rollout.num_cpus, num_gpus=config.rollout.num_gpus
-        )
-        reward_cls = ray.remote(RewardWorker).options(num_cpus=config.reward.num_cpus)
+        placement = rollout_placement_group(config.rollout)
+        rollout_cls = ray.remote(RolloutWorker)
+        reward_cls = ray.remote(RewardWorker).options(num_cpus=config.reward.num_cpus, num_gpus=config.reward.num_gpus)
         learner_cls = ray.remote(Learner).options(num_cpus=config.learner.num_cpus, num_gpus=config.learner.num_gpus)
         actors = cls(
             rollouts=[
-                rollout_cls.remote(config.model, config.rollout, seed * 1000 + index)
+                rollout_cls.options(
+                    num_cpus=config.rollout.num_cpus,
+                    num_gpus=config.rollout.num_gpus,
+                    scheduling_strategy=in_bundle(placement, index),
+                ).remote(config.model, config.rollout, seed * 1000 + index)
                 for index in range(config.rollout.num_workers)
             ],
             rewards=[reward_cls.remote(config.reward) for _ in range(config.reward.num_workers)],
             learner=learner_cls.remote(config.model, config.algo, config.learner, config.rollout, seed),
+            placement=placement,
         )
         actors.wait_ready(config.cluster.actor_start_timeout_s)
         return actors
@@ -85,6 +95,7 @@ class Actors:
         ray.wait([reward.close.remote() for reward in self.rewards], num_returns=len(self.rewards), timeout=10)
         for actor in [*self.rollouts, *self.rewards, self.learner]:
             ray.kill(actor)
+        remove_placement_group(self.placement)
 
 
 class Trainer:
@@ -113,6 +124,7 @@ class Trainer:
         log = MetricsLog(self.run_dir)
         self.actors = Actors.start(self.config)
         try:
+            engines = sorted({d["engine"] for d in ray.get([w.describe.remote() for w in self.actors.rollouts])})
             self.verify_weights()
             before = self.evaluate(step=0, log=log)
             steps = self.train(log, started)
@@ -128,6 +140,7 @@ class Trainer:
             "eval_rows": len(self.eval_rows),
             "eval_accuracy_stderr_after": standard_error(after, len(self.eval_rows)) if self.eval_rows else None,
             "steps": steps,
+            "rollout_engine": ",".join(engines),
             "wall_seconds": round(time.time() - started, 1),
             "run_dir": str(self.run_dir),
         }

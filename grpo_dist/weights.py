@@ -2,7 +2,7 @@
 
 On the CPU the learner returns its state dict from a Ray method, which places it in the
 object store once per version; the controller hands that one reference to every rollout
-worker, which loads it in place. (NCCL broadcast for GPU engines comes with the vLLM path.)
+worker, which loads it in place. GPU engines can take it by NCCL broadcast instead: weights_nccl.py.
 """
 
 from __future__ import annotations

@@ -83,3 +83,29 @@ def test_cli_print_config_shows_overrides():
     result = run_launch("--config", "configs/default.yaml", "--print-config", "algo.beta=0.02")
     assert result.returncode == 0, result.stderr
     assert yaml.safe_load(result.stdout)["algo"]["beta"] == 0.02
+
+
+@pytest.mark.parametrize("installed,resolved", [(True, "vllm"), (False, "transformers")])
+def test_engine_auto_is_vllm_where_installed_and_explicit_vllm_needs_it(monkeypatch, installed, resolved):
+    import grpo_dist.config
+    import grpo_dist.rollout.worker
+
+    monkeypatch.setattr(grpo_dist.config, "vllm_installed", lambda: installed)
+    monkeypatch.setattr(grpo_dist.rollout.worker, "vllm_installed", lambda: installed)
+    assert Config().rollout.engine == "auto"
+    assert grpo_dist.rollout.worker.resolve_engine("auto") == resolved
+    assert grpo_dist.rollout.worker.resolve_engine("transformers") == "transformers"
+    if installed:
+        assert load_config(None, ["rollout.engine=vllm"]).rollout.engine == "vllm"
+    else:
+        with pytest.raises(ConfigError, match=r"rollout\.engine = 'vllm': vLLM is not installed"):
+            load_config(None, ["rollout.engine=vllm"])
+
+
+def test_vllm_settings_and_tis_cap_are_validated():
+    config = load_config(None, ["rollout.vllm.max_model_len=64", "algo.tis_cap=2", "rollout.placement=spread"])
+    assert config.rollout.vllm.max_model_len == 64 and config.algo.tis_cap == 2.0
+    for override, field in [("rollout.vllm.gpu_memory_utilization=1.5", "rollout.vllm.gpu_memory_utilization"),
+                            ("algo.tis_cap=0", "algo.tis_cap"), ("rollout.placement=strict", "rollout.placement")]:
+        with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+            load_config(None, [override])

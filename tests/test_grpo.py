@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from grpo_dist.grpo import aggregate, group_advantages, kl_k3, policy_loss
+from grpo_dist.grpo import aggregate, group_advantages, importance_weight_stats, kl_k3, policy_loss
 
 
 def test_advantages_std_scale_match_hand_values():
@@ -110,3 +110,39 @@ def test_masked_tokens_get_no_gradient():
 def test_beta_without_reference_is_an_error():
     with pytest.raises(ValueError, match="ref_logprobs"):
         policy_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1), torch.ones(1, 1), beta=0.1)
+
+
+# Truncated importance sampling: pi_old = 0.5 on every token; the sampler gave the tokens
+# probabilities 0.5, 0.25 and 0.05, so pi_old / pi_sampler = 1, 2, 10, capped at 3 -> 1, 2, 3.
+TIS_OLD = torch.log(torch.tensor([[0.5, 0.5, 0.5]]))
+TIS_SAMPLER = torch.log(torch.tensor([[0.5, 0.25, 0.05]]))
+TIS_MASK = torch.ones(1, 3)
+
+
+def test_truncated_importance_sampling_weighs_each_token_by_the_capped_ratio():
+    logprobs = TIS_OLD.clone().requires_grad_(True)  # rho = 1: the policy term is -A = -1 per token
+    loss, _ = policy_loss(logprobs, TIS_OLD, torch.tensor([1.0]), TIS_MASK,
+                          sampler_logprobs=TIS_SAMPLER, tis_cap=3.0)
+    # token mean of -w_t * A = -(1 + 2 + 3) / 3 = -2 (without TIS it would be -1)
+    assert loss.item() == pytest.approx(-2.0)
+    loss.backward()
+    # d/dlogp of -w rho A / 3 at rho = 1 is -w / 3
+    assert torch.allclose(logprobs.grad, torch.tensor([[-1 / 3, -2 / 3, -1.0]]))
+
+
+def test_without_tis_cap_the_sampler_logprobs_are_ignored():
+    loss, _ = policy_loss(TIS_OLD, TIS_OLD, torch.tensor([1.0]), TIS_MASK, sampler_logprobs=TIS_SAMPLER)
+    assert loss.item() == pytest.approx(-1.0)
+
+
+def test_tis_cap_without_sampler_logprobs_is_an_error():
+    with pytest.raises(ValueError, match="sampler_logprobs"):
+        policy_loss(TIS_OLD, TIS_OLD, torch.tensor([1.0]), TIS_MASK, tis_cap=2.0)
+
+
+def test_importance_weight_stats_match_hand_values():
+    stats = importance_weight_stats(TIS_OLD, TIS_SAMPLER, TIS_MASK, cap=3.0)
+    # raw weights 1, 2, 10: mean 13/3, max 10, one of three above the cap
+    assert stats["is_weight_mean"] == pytest.approx(13 / 3, rel=1e-5)
+    assert stats["is_weight_max"] == pytest.approx(10.0, rel=1e-5)
+    assert stats["is_capped_fraction"] == pytest.approx(1 / 3)

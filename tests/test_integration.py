@@ -1,9 +1,13 @@
-"""The whole system on a real local Ray cluster: real actors, real engine, real learner."""
+"""The whole system on a real local Ray cluster: real actors, real engines, real learner.
+
+Every test runs once per rollout engine: transformers, and vLLM where it is installed
+(CI installs the CPU build, so there both run).
+"""
 
 import pytest
 import ray
 
-from conftest import small_config
+from conftest import ENGINES, small_config
 from grpo_dist.reward.rules import exact_answer
 from grpo_dist.trainer import Actors, Trainer, WeightSyncError
 from grpo_dist.types import SamplingSettings
@@ -11,12 +15,19 @@ from grpo_dist.types import SamplingSettings
 GROUP = 4
 
 
-@pytest.fixture(scope="module")
-def trainer(ray_cluster, tmp_path_factory):
-    trainer = Trainer(small_config(tmp_path_factory.mktemp("runs")), run_dir=tmp_path_factory.mktemp("run"))
+@pytest.fixture(scope="module", params=ENGINES)
+def trainer(request, ray_cluster, tmp_path_factory):
+    config = small_config(tmp_path_factory.mktemp("runs"), f"rollout.engine={request.param}")
+    trainer = Trainer(config, run_dir=tmp_path_factory.mktemp("run"))
     trainer.actors = Actors.start(trainer.config)
     yield trainer
     trainer.actors.stop()
+
+
+def test_workers_run_the_configured_engine_in_one_placement_group(trainer):
+    described = ray.get([w.describe.remote() for w in trainer.actors.rollouts])
+    assert [d["engine"] for d in described] == [trainer.config.rollout.engine] * 2
+    assert {d["placement_group"] for d in described} == {trainer.actors.placement.id.hex()}
 
 
 def test_workers_start_with_the_learners_weights(trainer):
@@ -35,18 +46,29 @@ def test_groups_are_scored_by_the_reward_function(trainer):
     assert any(r == 1.0 for g in groups for r in g.rewards), "the warm-started model should solve some"
 
 
+def sample_fixed(trainer, rows):
+    """The same prompts with the same seed: differences come from the weights alone."""
+    return trainer.generate(rows, SamplingSettings(n=GROUP, max_new_tokens=8, seed=1234))
+
+
 def test_steps_change_the_weights_and_every_worker_follows(trainer):
     learner = trainer.actors.learner
     before = ray.get(learner.checksum.remote())
+    probe_rows = trainer.cursor.next_batch(4)
+    sampled_before = sample_fixed(trainer, probe_rows)
     metrics = [trainer.step() for _ in range(2)]
     after = ray.get(learner.checksum.remote())
     assert after != before
+    sampled_after = sample_fixed(trainer, probe_rows)
+    logprobs = [[c.logprobs for c in g.completions] for g in (*sampled_before, *sampled_after)]
+    assert logprobs[:4] != logprobs[4:], "the update must change what is sampled"
     assert [ray.get(w.checksum.remote()) for w in trainer.actors.rollouts] == [after, after]
     assert [ray.get(w.policy_version.remote()) for w in trainer.actors.rollouts] == [2, 2]
     for m in metrics:
         assert 0.0 <= m["reward/mean"] <= 1.0 and m["learner/grad_norm"] > 0
         # in the synchronous loop the learner's old logprobs are the sampler's (same weights)
         assert m["rollout/logprob_diff_max"] < 1e-3
+        assert m["rollout/is_weight_max"] < 1.001 and m["rollout/is_capped_fraction"] == 0.0
 
 
 def test_sampler_and_learner_logprobs_agree_after_the_update(trainer):

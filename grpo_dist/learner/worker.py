@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from grpo_dist import grpo
+from grpo_dist import grpo, weights_nccl
 from grpo_dist.config import AlgoConfig, LearnerConfig, ModelConfig, RolloutConfig
 from grpo_dist.rollout.hf_engine import load_causal_lm, load_tokenizer
 from grpo_dist.types import Group
@@ -90,7 +90,7 @@ class Learner:
         advantages = grpo.group_advantages(rewards, self.rollout.group_size, scale=self.algo.advantage_scale)
         old_logprobs = self._logprobs_no_grad(self.policy, batch)  # pi_old: the weights that sampled
         ref_logprobs = self._logprobs_no_grad(self.reference, batch) if self.reference else None
-        metrics = self._sampler_agreement(batch, old_logprobs)
+        metrics = self._sampler_agreement(batch, old_logprobs, self.algo.tis_cap)
         self.policy.train()
         step_stats: list[dict[str, float]] = []
         for _ in range(self.algo.mu):
@@ -133,6 +133,8 @@ class Learner:
             clip_high=self.algo.clip_high,
             aggregation=self.algo.aggregation,
             max_tokens=self.rollout.max_new_tokens,
+            sampler_logprobs=batch.sampler_logprobs[rows].to(self.device),
+            tis_cap=self.algo.tis_cap,
         )
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -151,11 +153,15 @@ class Learner:
         return torch.cat(parts) * batch.mask
 
     @staticmethod
-    def _sampler_agreement(batch: TrainBatch, learner_logprobs: torch.Tensor) -> dict[str, float]:
-        """How far the sampler's logprobs are from the learner's for the same tokens."""
+    def _sampler_agreement(batch: TrainBatch, learner_logprobs: torch.Tensor,
+                           tis_cap: float | None) -> dict[str, float]:
+        """How far the sampler's logprobs are from the learner's for the same tokens, and the
+        importance weights pi_learner / pi_sampler that this gap implies."""
         valid = batch.mask.bool()
         diff = (batch.sampler_logprobs - learner_logprobs)[valid].abs()
-        return {"rollout/logprob_diff_mean": diff.mean().item(), "rollout/logprob_diff_max": diff.max().item()}
+        weights = grpo.importance_weight_stats(learner_logprobs, batch.sampler_logprobs, batch.mask, tis_cap)
+        return {"rollout/logprob_diff_mean": diff.mean().item(), "rollout/logprob_diff_max": diff.max().item(),
+                **{f"rollout/{name}": value for name, value in weights.items()}}
 
     def logprobs(self, groups: list[Group]) -> list[list[list[float]]]:
         """The learner's logprobs of each completion's tokens, shaped like the groups."""
@@ -175,6 +181,21 @@ class Learner:
 
     def checksum(self) -> str:
         return state_checksum(self.policy.state_dict())
+
+    def join_weight_group(self, host: str, port: int, world_size: int, timeout_s: float) -> None:
+        """Open the NCCL weight-update group as rank 0 (GPU; the engines join as ranks 1..)."""
+        from grpo_dist.rollout.vllm_engine import nccl_communicator  # vLLM's NCCL wrapper
+
+        self.weight_group = nccl_communicator(host, port, 0, world_size, self.device, timeout_s)
+
+    def weight_plan(self, bucket_bytes: int) -> list[weights_nccl.Bucket]:
+        """How `send_weights` packs the state dict; every receiver needs the same plan."""
+        return weights_nccl.plan_buckets(self.policy.state_dict(), bucket_bytes)
+
+    def send_weights(self, buckets: list[weights_nccl.Bucket]) -> None:
+        """Broadcast the current weights over the weight group; returns when they have left."""
+        weights_nccl.send(self.weight_group, self.policy.state_dict(), buckets, self.device)
+        torch.cuda.synchronize(self.device)
 
     def save(self, path: str) -> str:
         """Write the policy and tokenizer to `path` atomically (a temporary folder, then rename)."""

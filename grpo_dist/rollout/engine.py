@@ -25,3 +25,7 @@ class GenerationEngine(Protocol):
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The weights the engine serves now, by Hugging Face parameter name."""
         ...
+
+    def checksum(self) -> str:
+        """`weights.state_checksum` of `state_dict()`, computed where the weights live."""
+        ...

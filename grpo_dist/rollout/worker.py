@@ -4,16 +4,37 @@ from __future__ import annotations
 
 from typing import Any
 
+import ray
 import torch
 
-from grpo_dist.config import ModelConfig, RolloutConfig
+from grpo_dist.config import ModelConfig, RolloutConfig, resolve_path, vllm_installed
 from grpo_dist.rollout.engine import GenerationEngine
-from grpo_dist.rollout.hf_engine import HFEngine
+from grpo_dist.rollout.hf_engine import HFEngine, load_tokenizer
 from grpo_dist.types import Group, SamplingSettings
-from grpo_dist.weights import state_checksum
 
 
-def build_engine(model: ModelConfig, rollout: RolloutConfig) -> GenerationEngine:
+def resolve_engine(name: str) -> str:
+    """`rollout.engine` as built on this node: "auto" is vllm where it is installed."""
+    if name == "auto":
+        return "vllm" if vllm_installed() else "transformers"
+    return name
+
+
+def build_engine(model: ModelConfig, rollout: RolloutConfig, seed: int) -> GenerationEngine:
+    if resolve_engine(rollout.engine) == "vllm":
+        from grpo_dist.rollout.vllm_engine import VLLMEngine  # imports vLLM: seconds, so only here
+
+        settings = rollout.vllm
+        return VLLMEngine(
+            resolve_path(model.path),
+            dtype=model.dtype,
+            max_model_len=settings.max_model_len,
+            seed=seed if settings.seed is None else settings.seed,
+            enforce_eager=settings.enforce_eager,
+            gpu_memory_utilization=settings.gpu_memory_utilization,
+            tensor_parallel_size=settings.tensor_parallel_size,
+            cpu_kv_cache_gb=settings.cpu_kv_cache_gb,
+        )
     device = "cuda" if rollout.num_gpus > 0 and torch.cuda.is_available() else "cpu"
     return HFEngine(model.path, dtype=model.dtype, device=device)
 
@@ -23,8 +44,9 @@ class RolloutWorker:
 
     def __init__(self, model: ModelConfig, rollout: RolloutConfig, seed: int) -> None:
         torch.set_num_threads(rollout.threads)
-        self.engine = build_engine(model, rollout)
-        self.tokenizer = self.engine.tokenizer
+        self.engine_name = resolve_engine(rollout.engine)
+        self.engine = build_engine(model, rollout, seed)
+        self.tokenizer = load_tokenizer(model.path)
         self.seed = seed
         self.calls = 0
         self.version = 0
@@ -47,8 +69,25 @@ class RolloutWorker:
         self.version = version
         return self.checksum() if verify else None
 
+    def join_weight_group(self, host: str, port: int, rank_offset: int, world_size: int, timeout_s: float) -> None:
+        """Join the learner's NCCL weight group (engine=vllm on a GPU; see weights_nccl.py)."""
+        self.engine.join_weight_group(host, port, rank_offset, world_size, timeout_s)
+
+    def receive_weights(self, buckets: list, version: int, timeout_s: float, verify: bool = True) -> str | None:
+        """Take a new policy version over the weight group; returns the served checksum."""
+        self.engine.receive_weights(buckets, timeout_s)
+        self.version = version
+        return self.checksum() if verify else None
+
     def checksum(self) -> str:
-        return state_checksum(self.engine.state_dict())
+        """The served weights' checksum: equal to the learner's iff the engine is up to date."""
+        return self.engine.checksum()
 
     def policy_version(self) -> int:
         return self.version
+
+    def describe(self) -> dict[str, Any]:
+        """The engine built here and where this worker runs (for logs and placement checks)."""
+        context = ray.get_runtime_context()
+        group = context.get_placement_group_id()
+        return {"engine": self.engine_name, "node_id": context.get_node_id(), "placement_group": group}
