@@ -154,11 +154,29 @@ def extract_code(completion: str) -> str:
 
 
 def unit_test_reward(
-    prompt: str, completion: str, tests: str | list[str], **fields: object
+    prompt: str,
+    completion: str,
+    tests: str | list[str],
+    *,
+    timeout_s: float = 5.0,
+    memory_mb: int = 512,
+    **fields: object,
 ) -> float:
-    """Fraction of `tests` that the completion's code passes; other row fields are ignored."""
-    report = run_tests(extract_code(completion), tests)
+    """Fraction of `tests` that the completion's code passes; other row fields are ignored.
+
+    `timeout_s` and `memory_mb` go to `run_tests`; keep the reward's pool deadline
+    (reward.timeout_s) above timeout_s + 2 s so that the sandbox's own limit comes first.
+    """
+    report = run_tests(extract_code(completion), tests, timeout_s=timeout_s, memory_mb=memory_mb)
     return report.passed / report.total
+
+
+def _check_limits(timeout_s: float = 5.0, memory_mb: int = 512, **_: object) -> None:
+    if timeout_s <= 0 or memory_mb <= 0:
+        raise ValueError(f"unit_tests needs timeout_s > 0 and memory_mb > 0, got {timeout_s}, {memory_mb}")
+
+
+unit_test_reward.check_options = _check_limits  # type: ignore[attr-defined]
 
 
 # ---------------------------------------------------------------- the caller's side

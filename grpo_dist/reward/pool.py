@@ -49,15 +49,20 @@ def _call(fn: Callable[..., Any], item: Item) -> ScoreOutcome:
     """Run one scorer call and turn its result or exception into an outcome."""
     prompt, completion, fields = item
     try:
-        value = float(fn(prompt, completion, **fields))
+        return value_outcome(fn(prompt, completion, **fields))
     except Exception as exc:  # the scorer's failure is the sample's outcome
-        return _exception_outcome(exc)
+        return exception_outcome(exc)
+
+
+def value_outcome(result: Any) -> ScoreOutcome:
+    """A scorer's result as an outcome: a finite float, else an error (float() may raise)."""
+    value = float(result)
     if not math.isfinite(value):
         return ScoreOutcome(None, f"non-finite: {value}")
     return ScoreOutcome(value)
 
 
-def _exception_outcome(exc: Exception) -> ScoreOutcome:
+def exception_outcome(exc: BaseException) -> ScoreOutcome:
     return ScoreOutcome(None, f"exception: {type(exc).__name__}: {exc}")
 
 
@@ -71,7 +76,7 @@ def _worker_main(conn: Connection, sys_path: list[str]) -> None:
             if fn_spec not in functions:
                 functions[fn_spec] = _resolve(fn_spec)
         except Exception as exc:
-            conn.send(("done", index, _exception_outcome(exc)))
+            conn.send(("done", index, exception_outcome(exc)))
             continue
         conn.send(("started", index, None))
         conn.send(("done", index, _call(functions[fn_spec], item)))

@@ -1,16 +1,57 @@
-"""Reward functions by name: built-in short names, or any `package.module:function`."""
+"""Reward functions by name: built-in short names, or any `package.module:function`.
+
+A reward comes in one of three kinds, told apart by how it is defined:
+- "sample": `fn(prompt, completion, **fields) -> float`, run in the scoring pool's
+  processes, one deadline per sample;
+- "async": `async def fn(prompt, completion, **fields) -> float`, awaited in the reward
+  actor, every sample of a batch concurrently, each under the same deadline;
+- "batched": marked with `@batched`, `fn(prompts, completions, **fields) -> list[float]`
+  where each field is a list with one value per sample. A batched class is built once per
+  reward actor with the configured options (a model stays loaded) and its instances are
+  called per batch, in the actor's process.
+
+Options (`RewardFunctionConfig.kwargs`) are keyword arguments: every call gets them, or
+a batched class's constructor. `check_options` validates them before any actor starts.
+"""
 
 from __future__ import annotations
 
 import importlib
-from typing import Callable
+import inspect
+import typing
+from typing import Any, Callable, Literal, TypeVar
 
-RewardFn = Callable[..., float]
+from pydantic import TypeAdapter, ValidationError
+
+Reward = Callable[..., Any]
+RewardKind = Literal["sample", "async", "batched"]
+R = TypeVar("R")
 
 BUILTIN_REWARDS: dict[str, str] = {
     "exact_answer": "grpo_dist.reward.rules:exact_answer",
+    "math_answer": "grpo_dist.reward.rules:math_answer",
     "answer_format": "grpo_dist.reward.rules:answer_format",
+    "length_penalty": "grpo_dist.reward.rules:length_penalty",
+    "unit_tests": "grpo_dist.reward.code:unit_test_reward",
+    "reward_model": "grpo_dist.reward.model:RewardModel",
 }
+# Filled in by the RewardWorker for rewards that name it as a parameter.
+COMPLETION_TOKENS = "completion_tokens"
+_DATA_PARAMETERS = {"prompt", "completion", "prompts", "completions", "self", COMPLETION_TOKENS}
+
+
+def batched(reward: R) -> R:
+    """Mark a function or class as a batched reward (lists in, list of floats out)."""
+    reward.batched = True  # type: ignore[attr-defined]
+    return reward
+
+
+def reward_kind(reward: Reward) -> RewardKind:
+    if getattr(reward, "batched", False) is True:
+        return "batched"
+    if inspect.isclass(reward):
+        raise ValueError(f"{reward.__name__} is a class: a reward class must be marked @batched")
+    return "async" if inspect.iscoroutinefunction(reward) else "sample"
 
 
 def reward_spec(name: str) -> str:
@@ -25,7 +66,7 @@ def reward_spec(name: str) -> str:
     return name
 
 
-def load_reward(name: str) -> RewardFn:
+def load_reward(name: str) -> Reward:
     """Import the callable behind a reward name; a clear ValueError when it is not there."""
     module_name, _, function_name = reward_spec(name).partition(":")
     try:
@@ -36,3 +77,36 @@ def load_reward(name: str) -> RewardFn:
     if not callable(function):
         raise ValueError(f"reward {name!r}: {module_name} has no function {function_name!r}")
     return function
+
+
+def takes_completion_tokens(reward: Reward) -> bool:
+    """Whether the reward names a `completion_tokens` parameter (the completion's token count)."""
+    return COMPLETION_TOKENS in inspect.signature(reward).parameters
+
+
+def check_options(reward: Reward, options: dict[str, Any]) -> None:
+    """Raise ValueError unless each option is a named parameter of `reward` of its annotated type.
+
+    Then the reward's own `check_options(**options)`, when it has one, checks the values.
+    """
+    kind = reward_kind(reward)
+    target = reward.__init__ if inspect.isclass(reward) else reward
+    parameters = {
+        name: parameter
+        for name, parameter in inspect.signature(target).parameters.items()
+        if name not in _DATA_PARAMETERS
+        and parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
+    }
+    unknown = sorted(set(options) - set(parameters))
+    if unknown:
+        raise ValueError(f"unknown option(s) {unknown} for a {kind} reward; it takes {sorted(parameters)}")
+    hints = typing.get_type_hints(target)
+    for name, value in options.items():
+        if name in hints:
+            try:
+                TypeAdapter(hints[name]).validate_python(value)
+            except ValidationError as exc:
+                raise ValueError(f"option {name}={value!r}: {exc.errors()[0]['msg']}") from None
+    extra_check = getattr(reward, "check_options", None)
+    if extra_check is not None:
+        extra_check(**options)

@@ -1,17 +1,30 @@
 """RewardWorker: scores completions with the configured, weighted reward functions.
 
-Each function runs in a pool of scoring processes with a per-sample deadline, so a reward
-that raises, hangs or returns NaN costs that one sample `failure_score` and a counter in
-the metrics; it never stops the run.
+Per-sample rewards run in a pool of scoring processes with a deadline per sample (the
+unit-test runner's programs run there in parallel, `processes` at a time); async rewards
+are awaited here, concurrently, each under the same deadline; batched rewards (a reward
+model) are called here once per batch. A reward that raises, hangs or returns NaN costs
+the sample (for a batched reward that raises: the whole batch) `failure_score` and a
+counter in the metrics; it never stops the run.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
+from dataclasses import dataclass
 from typing import Any
 
-from grpo_dist.config import RewardConfig
-from grpo_dist.reward.pool import ScoringPool
-from grpo_dist.reward.registry import reward_spec
+from grpo_dist.config import RewardConfig, RewardFunctionConfig
+from grpo_dist.reward.pool import ScoreOutcome, ScoringPool, exception_outcome, value_outcome
+from grpo_dist.reward.registry import (
+    COMPLETION_TOKENS,
+    Reward,
+    load_reward,
+    reward_kind,
+    reward_spec,
+    takes_completion_tokens,
+)
 from grpo_dist.types import Group
 
 
@@ -20,25 +33,40 @@ def reward_fields(row: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in row.items() if key not in ("prompt", "completion")}
 
 
+@dataclass(frozen=True)
+class Sample:
+    """One completion to score, with its row's fields and its length in tokens."""
+
+    prompt: str
+    completion: str
+    fields: dict[str, Any]
+    completion_tokens: int
+
+
 class RewardWorker:
     """Runs as a Ray actor (see trainer.py); plain class so that it can be used directly."""
 
     def __init__(self, reward: RewardConfig) -> None:
         self.config = reward
-        self.pool = ScoringPool(num_workers=reward.processes, timeout_s=reward.timeout_s)
+        self.functions = {f.name: load_reward(f.name) for f in reward.functions}
+        self.kinds = {name: reward_kind(function) for name, function in self.functions.items()}
+        self.batched = {f.name: _build_batched(self.functions[f.name], f) for f in reward.functions
+                        if self.kinds[f.name] == "batched"}
+        has_sample_rewards = "sample" in self.kinds.values()
+        self.pool = ScoringPool(reward.processes, reward.timeout_s) if has_sample_rewards else None
 
     def score(self, groups: list[Group]) -> tuple[list[Group], dict[str, float]]:
         """Fill each group's `rewards` (weighted sum) and `reward_parts` (per function)."""
-        items = [
-            (group.prompt, completion.text, reward_fields(group.row))
+        samples = [
+            Sample(group.prompt, completion.text, reward_fields(group.row), len(completion.token_ids))
             for group in groups
             for completion in group.completions
         ]
-        totals = [0.0] * len(items)
+        totals = [0.0] * len(samples)
         parts: dict[str, list[float]] = {}
         failures: dict[str, float] = {}
         for function in self.config.functions:
-            outcomes = self.pool.score(reward_spec(function.name), items)
+            outcomes = self.outcomes(function, samples)
             values = [self.config.failure_score if o.error else o.value for o in outcomes]
             failures[f"reward/{function.name}/failures"] = float(sum(o.error is not None for o in outcomes))
             parts[function.name] = values
@@ -51,5 +79,73 @@ class RewardWorker:
             start = end
         return groups, failures
 
+    def outcomes(self, function: RewardFunctionConfig, samples: list[Sample]) -> list[ScoreOutcome]:
+        """One function's outcome for each sample, by the function's kind."""
+        kind = self.kinds[function.name]
+        if kind == "batched":
+            return _call_batched(self.batched[function.name], samples)
+        reward = self.functions[function.name]
+        with_tokens = takes_completion_tokens(reward)
+        keywords = [_keywords(function, sample, with_tokens) for sample in samples]
+        if kind == "async":
+            return asyncio.run(_await_each(reward, samples, keywords, self.config.timeout_s))
+        assert self.pool is not None
+        items = [(s.prompt, s.completion, k) for s, k in zip(samples, keywords)]
+        return self.pool.score(reward_spec(function.name), items)
+
     def close(self) -> None:
-        self.pool.close()
+        if self.pool is not None:
+            self.pool.close()
+
+
+def _keywords(function: RewardFunctionConfig, sample: Sample, with_tokens: bool) -> dict[str, Any]:
+    """The row's fields, the configured options over them, and the token count if asked for."""
+    keywords = {**sample.fields, **function.kwargs}
+    if with_tokens:
+        keywords[COMPLETION_TOKENS] = sample.completion_tokens
+    return keywords
+
+
+def _build_batched(reward: Reward, function: RewardFunctionConfig) -> Reward:
+    """A batched class is built once with the options; a batched function gets them on every call."""
+    if isinstance(reward, type):
+        return reward(**function.kwargs)
+    return functools.partial(reward, **function.kwargs)
+
+
+def _call_batched(reward: Reward, samples: list[Sample]) -> list[ScoreOutcome]:
+    """Call a batched reward on every sample at once; if it raises, each sample fails."""
+    names = sorted({name for sample in samples for name in sample.fields})
+    columns = {name: [sample.fields.get(name) for sample in samples] for name in names}
+    if takes_completion_tokens(reward):
+        columns[COMPLETION_TOKENS] = [sample.completion_tokens for sample in samples]
+    try:
+        values = list(reward([s.prompt for s in samples], [s.completion for s in samples], **columns))
+        if len(values) != len(samples):
+            raise ValueError(f"returned {len(values)} scores for {len(samples)} samples")
+    except Exception as exc:  # a batched reward's failure costs its batch, never the run
+        return [exception_outcome(exc)] * len(samples)
+    return [_safe_outcome(value) for value in values]
+
+
+def _safe_outcome(value: Any) -> ScoreOutcome:
+    try:
+        return value_outcome(value)
+    except (TypeError, ValueError) as exc:
+        return exception_outcome(exc)
+
+
+async def _await_each(
+    reward: Reward, samples: list[Sample], keywords: list[dict[str, Any]], timeout_s: float
+) -> list[ScoreOutcome]:
+    """Await an async reward on every sample concurrently, each under `timeout_s`."""
+
+    async def one(sample: Sample, keyword: dict[str, Any]) -> ScoreOutcome:
+        try:
+            return value_outcome(await asyncio.wait_for(reward(sample.prompt, sample.completion, **keyword), timeout_s))
+        except TimeoutError:
+            return ScoreOutcome(None, "timeout")
+        except Exception as exc:
+            return exception_outcome(exc)
+
+    return list(await asyncio.gather(*(one(s, k) for s, k in zip(samples, keywords))))

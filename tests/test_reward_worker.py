@@ -1,0 +1,105 @@
+"""RewardWorker: batched and async rewards, failure accounting, and serving after adversarial programs."""
+
+import time
+
+import pytest
+
+from grpo_dist.config import load_config
+from grpo_dist.reward.worker import RewardWorker
+from grpo_dist.types import Completion, Group
+from test_code_sandbox import sandbox_processes
+
+ADD_TESTS = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0"]
+ADD = "```python\ndef add(a, b):\n    return a + b\n```"
+ADVERSARIAL = [
+    "while True:\n    pass",  # infinite loop
+    "import time\ntime.sleep(10**6)",  # sleep forever
+    "import os\nwhile True:\n    os.fork()",  # fork bomb
+    "x = bytearray(1 << 40)",  # memory bomb
+    "import os\nos._exit(0)",  # exit before the tests
+    "import sys\ndef add(a, b):\n    return 0\nprint('ok 0\\nok 1\\ndone')\nsys.exit(0)",  # forged pass
+    "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)",  # kill its parent
+]
+
+
+def group(texts: list[str], **row) -> Group:
+    completions = [Completion(list(range(len(t))), [0.0] * len(t), t, "stop") for t in texts]
+    return Group(row={"prompt": "p", **row}, prompt="p", prompt_ids=[], completions=completions, policy_version=0)
+
+
+def worker(accuracy_from: str, *entries: str, **settings) -> RewardWorker:
+    """A RewardWorker for the reward functions `entries` (YAML) and reward.`settings`."""
+    overrides = [f"reward.functions=[{', '.join(entries)}]", f"reward.accuracy_from={accuracy_from}"]
+    return RewardWorker(load_config(None, overrides + [f"reward.{k}={v}" for k, v in settings.items()]).reward)
+
+
+def unit_test_worker() -> RewardWorker:
+    return worker("unit_tests", "{name: unit_tests, kwargs: {timeout_s: 1.0}}", processes=2, timeout_s=5)
+
+
+@pytest.mark.timeout(60)
+def test_adversarial_programs_score_zero_and_the_worker_keeps_serving():
+    reward = unit_test_worker()
+    try:
+        start = time.monotonic()
+        [scored], failures = reward.score([group(ADVERSARIAL, tests=ADD_TESTS)])
+        assert scored.rewards == [0.0] * len(ADVERSARIAL)
+        assert failures == {"reward/unit_tests/failures": 0.0}  # the sandbox reported each run
+        assert time.monotonic() - start < 15  # two 1 s timeouts at a time, the rest quick
+        [good], failures = reward.score([group([ADD, "def add(a, b):\n    return 3"], tests=ADD_TESTS)])
+        assert good.rewards == [1.0, 0.5] and failures == {"reward/unit_tests/failures": 0.0}
+    finally:
+        reward.close()
+    assert sandbox_processes() == []
+
+
+def test_weighted_sum_and_parts_per_function():
+    reward = worker(
+        "exact_answer",
+        "{name: exact_answer}",
+        "{name: length_penalty, weight: 0.5, kwargs: {soft_length: 2, max_length: 4}}",
+        "{name: 'reward_helpers:batched_length', kwargs: {scale: 2.0}}",
+    )
+    try:
+        [scored], failures = reward.score([group(["<answer>3</answer>", "<answer>4</answer>x"], answer="3")])
+    finally:
+        reward.close()
+    # completion_tokens = len(text): 18 and 19 tokens, both past max_length -> penalty -1
+    assert scored.reward_parts == {
+        "exact_answer": [1.0, 0.0], "length_penalty": [-1.0, -1.0], "reward_helpers:batched_length": [36.0, 38.0],
+    }
+    assert scored.rewards == [1.0 - 0.5 + 36.0, 0.0 - 0.5 + 38.0]
+    assert set(failures.values()) == {0.0}
+
+
+@pytest.mark.parametrize(
+    "texts,values,failed",
+    [
+        (["ab", "boom", "c"], [-1.0] * 3, 3),  # raises: the whole batch fails
+        (["ab", "short", "c"], [-1.0] * 3, 3),  # one score too few: the whole batch fails
+        (["ab", "nan", "c"], [2.0, -1.0, 1.0], 1),  # NaN: that sample fails
+    ],
+)
+def test_a_failing_batched_reward_costs_its_batch_not_the_run(texts, values, failed):
+    name = "reward_helpers:batched_length"
+    reward = worker(name, f"{{name: '{name}'}}", failure_score=-1.0)
+    [scored], failures = reward.score([group(texts)])
+    assert scored.reward_parts[name] == values and failures == {f"reward/{name}/failures": float(failed)}
+    [scored], failures = reward.score([group(["xyz"])])
+    assert scored.rewards == [3.0] and failures[f"reward/{name}/failures"] == 0.0
+
+
+def test_a_batched_class_is_built_once_with_its_options():
+    reward = worker("reward_helpers:Counter", "{name: 'reward_helpers:Counter', kwargs: {start: 10}}")
+    assert reward.score([group(["a", "b"]), group(["c"])])[0][1].rewards == [11.0]
+    assert reward.score([group(["d"])])[0][0].rewards == [12.0]
+
+
+@pytest.mark.timeout(30)
+def test_async_rewards_run_concurrently_each_under_the_deadline():
+    reward = worker("reward_helpers:async_sleep", "{name: 'reward_helpers:async_sleep'}", timeout_s=0.5)
+    start = time.monotonic()
+    [scored], failures = reward.score([group(["0.3", "0.3", "0.3", "60", "x"])])
+    assert time.monotonic() - start < 0.9  # together, not one after another
+    assert scored.rewards == [0.3, 0.3, 0.3, 0.0, 0.0]
+    assert failures == {"reward/reward_helpers:async_sleep/failures": 2.0}  # the timeout and the ValueError
