@@ -52,7 +52,7 @@ class Section(BaseModel):
 
 class ModelConfig(Section):
     path: str = Field("builtin:arithmetic/model", description="local folder, Hugging Face hub id, or builtin:NAME")
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="weights in rollout and learner")
 
     @field_validator("path")
     @classmethod
@@ -95,15 +95,15 @@ class RolloutConfig(Section):
     placement: Literal["pack", "spread"] = Field(
         "pack", description="placement group strategy of the workers: pack onto few nodes, or spread over nodes"
     )
-    num_workers: int = Field(1, ge=1)
+    num_workers: int = Field(1, ge=1, description="rollout actors, one engine each")
     num_cpus: float = Field(0.5, ge=0, description="Ray CPUs per worker (scheduling only; see threads)")
-    num_gpus: float = Field(0.0, ge=0)
+    num_gpus: float = Field(0.0, ge=0, description="GPUs per worker")
     threads: int = Field(2, ge=1, description="torch threads per worker (CPU)")
     group_size: int = Field(8, ge=2, description="G, completions per prompt")
-    prompts_per_step: int = Field(32, ge=1)
-    temperature: float = Field(1.0, gt=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    max_new_tokens: int = Field(8, ge=1)
+    prompts_per_step: int = Field(32, ge=1, description="prompts per GRPO step; the batch is prompts_per_step*group_size")
+    temperature: float = Field(1.0, gt=0, description="sampling temperature (the learner's logprobs use it too)")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling; <1 makes sampler and learner logprobs differ")
+    max_new_tokens: int = Field(8, ge=1, description="completion length limit (also Dr. GRPO's constant divisor)")
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)
 
     @field_validator("engine")
@@ -125,7 +125,7 @@ class RolloutConfig(Section):
 
 class RewardFunctionConfig(Section):
     name: str = Field(description="built-in name or package.module:function")
-    weight: float = 1.0
+    weight: float = Field(1.0, description="the sample's reward is the weighted sum of the functions")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="options passed to the function as keywords")
 
     @field_validator("name")
@@ -153,9 +153,9 @@ class RewardConfig(Section):
     )
     accuracy_from: str = Field("exact_answer", description="the function whose score 1.0 counts as correct")
     failure_score: float = Field(0.0, description="score of a sample whose reward raised or timed out")
-    timeout_s: float = Field(10.0, gt=0)
+    timeout_s: float = Field(10.0, gt=0, description="per-sample deadline of a reward function")
     num_workers: int = Field(1, ge=1, description="reward actors")
-    num_cpus: float = Field(0.25, ge=0)
+    num_cpus: float = Field(0.25, ge=0, description="Ray CPUs per reward actor")
     num_gpus: float = Field(0.0, ge=0, description="GPUs per reward actor (a reward model runs there)")
     processes: int = Field(1, ge=1, description="scoring processes per reward actor")
 
@@ -170,43 +170,47 @@ class RewardConfig(Section):
 
 
 class AlgoConfig(Section):
-    lr: float = Field(1e-4, gt=0)
+    lr: float = Field(1e-4, gt=0, description="AdamW learning rate")
     beta: float = Field(0.0, ge=0, description="KL penalty weight; 0 loads no reference model")
-    clip_low: float = Field(0.2, ge=0, lt=1)
-    clip_high: float = Field(0.2, ge=0)
-    advantage_scale: Literal["std", "none"] = "std"
-    aggregation: Literal["token_mean", "sequence_mean", "constant"] = "sequence_mean"
+    clip_low: float = Field(0.2, ge=0, lt=1, description="ratio clipped below at 1 - clip_low")
+    clip_high: float = Field(0.2, ge=0, description="ratio clipped above at 1 + clip_high (DAPO: 0.28)")
+    advantage_scale: Literal["std", "none"] = Field("std", description="std: (r-mean)/std; none: r-mean (Dr. GRPO)")
+    aggregation: Literal["token_mean", "sequence_mean", "constant"] = Field(
+        "sequence_mean", description="token_mean (DAPO), sequence_mean (GRPO), constant (Dr. GRPO)"
+    )
     mu: int = Field(1, ge=1, description="optimisation passes over each batch")
     minibatch_size: int | None = Field(None, ge=1, description="completions per optimizer step; null = whole batch")
-    max_grad_norm: float = Field(1.0, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
+    max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     tis_cap: float | None = Field(
         None, gt=0, description="truncated importance sampling: weigh tokens by min(pi_old/pi_sampler, cap); null: off"
     )
 
 
 class LearnerConfig(Section):
-    num_cpus: float = Field(1.0, ge=0)
-    num_gpus: float = Field(0.0, ge=0)
+    num_cpus: float = Field(1.0, ge=0, description="Ray CPUs of the learner actor")
+    num_gpus: float = Field(0.0, ge=0, description="GPUs of the learner actor (policy, reference, optimizer)")
     threads: int = Field(2, ge=1, description="torch threads (CPU)")
 
 
 class TrainerConfig(Section):
     steps: int = Field(150, ge=1)
     max_wall_seconds: float | None = Field(None, gt=0, description="stop training when this much time has passed")
-    seed: int = 0
+    seed: int = Field(0, description="data order, sampling and learner seeds derive from it")
     eval_every: int = Field(10, ge=0, description="evaluate every N steps (0: before and after only)")
-    output_dir: str = "runs"
-    run_name: str | None = None
-    save_final: bool = True
+    output_dir: str = Field("runs", description="run directories are created here")
+    run_name: str | None = Field(None, description="the run directory's name; null: the start time")
+    save_final: bool = Field(True, description="save the final policy to RUN_DIR/final (atomically)")
     verify_weight_sync: bool = Field(True, description="check every rollout worker's weight checksum each step")
-    progress: bool = True
+    progress: bool = Field(True, description="a progress bar; false: a console line every 10 steps")
 
 
 class ClusterConfig(Section):
-    address: str | None = Field(None, description="Ray address; null: join a running cluster, else start one")
+    address: str | None = Field(
+        None, description="null: join a running cluster, else start one; 'local': always start one; else join this"
+    )
     num_cpus: int | None = Field(None, ge=1, description="CPUs of a locally started cluster")
-    namespace: str = "grpo_dist"
+    namespace: str = Field("grpo_dist", description="Ray namespace of the run's actors")
     actor_start_timeout_s: float = Field(600.0, gt=0, description="give up when actors cannot be placed")
 
 

@@ -31,14 +31,18 @@ def connect_ray(config: Config) -> None:
 
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")
     common = {"namespace": config.cluster.namespace, "log_to_driver": True}
-    if config.cluster.address:
-        ray.init(address=config.cluster.address, **common)
+    address = config.cluster.address
+    if address not in (None, "local"):
+        ray.init(address=address, **common)
         return
-    try:
-        ray.init(address="auto", **common)
-        print("joined the running Ray cluster", file=sys.stderr)
-    except ConnectionError:
-        ray.init(num_cpus=config.cluster.num_cpus, include_dashboard=False, **common)
+    if address is None:
+        try:
+            ray.init(address="auto", **common)
+            print("joined the running Ray cluster", file=sys.stderr)
+            return
+        except ConnectionError:
+            pass
+    ray.init(address="local", num_cpus=config.cluster.num_cpus, include_dashboard=False, **common)
 
 
 def run_dir_for(config: Config) -> Path:

@@ -56,8 +56,8 @@ def plot_run(records: list[dict[str, Any]], path: Path) -> None:
     evals = [r for r in records if r.get("kind") == "eval"]
     fig, ax = plt.subplots(figsize=(8, 4.5))
     steps = [r["step"] for r in train]
-    ax.plot(steps, [r["reward/mean"] for r in train], label="train reward (mean)", alpha=0.7)
-    ax.plot(steps, [r["reward/accuracy"] for r in train], label="train accuracy (sampled)", alpha=0.7)
+    ax.plot(steps, [r["reward/mean"] for r in train], label="train reward (mean)", alpha=0.8)
+    ax.plot(steps, [r["reward/accuracy"] for r in train], "--", label="train accuracy (sampled)", alpha=0.8)
     if evals:
         ax.errorbar(
             [r["step"] for r in evals],
