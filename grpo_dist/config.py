@@ -202,6 +202,13 @@ class TrainerConfig(Section):
     run_name: str | None = Field(None, description="the run directory's name; null: the start time")
     save_final: bool = Field(True, description="save the final policy to RUN_DIR/final (atomically)")
     verify_weight_sync: bool = Field(True, description="check every rollout worker's weight checksum each step")
+    weight_sync: Literal["auto", "object_store", "nccl"] = Field(
+        "auto", description="how weights reach the engines; auto: nccl with engine vllm and whole GPUs, else object_store"
+    )
+    weight_sync_timeout_s: float = Field(
+        300.0, gt=0, description="bound on forming the NCCL weight group and on each step's weight sync"
+    )
+    weight_sync_bucket_mb: int = Field(512, ge=1, description="NCCL broadcast bucket size, MiB")
     progress: bool = Field(True, description="a progress bar; false: a console line every 10 steps")
 
 
@@ -234,6 +241,35 @@ class Config(Section):
                 f"and divide the batch of prompts_per_step*group_size={batch}"
             )
         return self
+
+    @model_validator(mode="after")
+    def _nccl_needs_gpus(self) -> Config:
+        if self.trainer.weight_sync == "nccl" and not nccl_possible(self):
+            raise ValueError(
+                f"trainer.weight_sync='nccl' needs rollout.engine=vllm (got {self.rollout.engine!r}, vLLM "
+                f"{'installed' if vllm_installed() else 'not installed'}) and a whole GPU for the learner and "
+                f"for each rollout worker, since NCCL puts one rank per GPU (got learner.num_gpus="
+                f"{self.learner.num_gpus}, rollout.num_gpus={self.rollout.num_gpus}); or set "
+                "trainer.weight_sync=object_store"
+            )
+        return self
+
+
+def nccl_possible(config: Config) -> bool:
+    """Whether the NCCL weight sync can run: vLLM engines, learner and engines on GPUs of their own.
+
+    `rollout.engine=auto` counts as vllm when vLLM is installed where the config is read.
+    """
+    engine = config.rollout.engine
+    vllm = engine == "vllm" or (engine == "auto" and vllm_installed())
+    return vllm and config.learner.num_gpus >= 1 and config.rollout.num_gpus >= 1
+
+
+def resolve_weight_sync(config: Config) -> Literal["object_store", "nccl"]:
+    """`trainer.weight_sync` with auto decided: nccl where it can run, else object_store."""
+    if config.trainer.weight_sync == "auto":
+        return "nccl" if nccl_possible(config) else "object_store"
+    return config.trainer.weight_sync
 
 
 def apply_override(tree: dict[str, Any], assignment: str) -> None:

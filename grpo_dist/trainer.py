@@ -24,12 +24,9 @@ from grpo_dist.placement import in_bundle, rollout_placement_group
 from grpo_dist.reward.worker import RewardWorker
 from grpo_dist.rollout.worker import RolloutWorker
 from grpo_dist.types import Group, SamplingSettings
+from grpo_dist.weights import WeightSync, WeightSyncError, make_weight_sync
 
 T = TypeVar("T")
-
-
-class WeightSyncError(RuntimeError):
-    """A rollout worker serves weights other than the learner's: stale weights are an error."""
 
 
 def split(items: list[T], parts: int) -> list[list[T]]:
@@ -115,14 +112,31 @@ class Trainer:
             max_new_tokens=config.rollout.max_new_tokens,
         )
         self.actors: Actors | None = None
+        self.sync: WeightSync | None = None
         self.version = 0
+
+    def start(self) -> None:
+        """Start the actors and the weight transport (`trainer.weight_sync`)."""
+        self.actors = Actors.start(self.config)
+        try:
+            self.sync = make_weight_sync(self.config, self.actors.learner, self.actors.rollouts)
+            self.sync.setup()
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        if self.sync is not None:
+            self.sync.close()
+        if self.actors is not None:
+            self.actors.stop()
 
     def run(self) -> dict[str, Any]:
         started = time.time()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(dump_config(self.config))
         log = MetricsLog(self.run_dir)
-        self.actors = Actors.start(self.config)
+        self.start()
         try:
             engines = sorted({d["engine"] for d in ray.get([w.describe.remote() for w in self.actors.rollouts])})
             self.verify_weights()
@@ -132,7 +146,7 @@ class Trainer:
             if self.config.trainer.save_final:
                 ray.get(self.actors.learner.save.remote(str(self.run_dir / "final")))
         finally:
-            self.actors.stop()
+            self.stop()
         plot_run(log.records, self.run_dir / "plot.png")
         summary = {
             "eval_accuracy_before": before,
@@ -213,11 +227,9 @@ class Trainer:
         return scored, stats
 
     def broadcast_weights(self) -> None:
-        """Put the learner's weights in the object store once; every rollout worker loads them."""
-        verify = self.config.trainer.verify_weight_sync
-        weights = self.actors.learner.export_weights.remote()  # an ObjectRef: stored once
-        served = ray.get([w.load_weights.remote(weights, self.version, verify) for w in self.actors.rollouts])
-        if verify:
+        """Send the learner's weights to every rollout worker (weights.py: the strategies)."""
+        served = self.sync.push(self.version)
+        if self.config.trainer.verify_weight_sync:
             self.check_checksums(served)
 
     def verify_weights(self) -> None:

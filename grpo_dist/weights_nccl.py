@@ -8,16 +8,26 @@ extra memory on either side is one bucket. Both sides must agree on the bucket p
 learner makes it with `plan_buckets` and the controller hands it to the engines.
 
 NCCL cannot put two ranks on one GPU: the learner and the engines need distinct devices.
-The caller bounds the wait (a broadcast whose peer never comes blocks): see `deploy/gpu_smoke.py`.
+The caller bounds the wait (a broadcast whose peer never comes blocks): `NcclSync` below,
+which the trainer uses when `trainer.weight_sync` resolves to nccl, and `deploy/gpu_smoke.py`.
+
+The same orchestration runs on the CPU with backend="gloo" (`GlooCommunicator`, a torch
+gloo group outside torch.distributed's global state): that is how the tests exercise it.
 """
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Literal, Protocol
 
+import ray
 import torch
+
+from grpo_dist.weights import WeightSyncError
+
+Backend = Literal["nccl", "gloo"]
 
 ALIGN = 256  # bytes; every tensor starts at a multiple of this inside its bucket
 DEFAULT_BUCKET_BYTES = 512 << 20
@@ -102,6 +112,93 @@ def receive(communicator: Communicator, buckets: list[Bucket], device: torch.dev
         buffer = torch.empty(bucket.nbytes, dtype=torch.uint8, device=device)
         communicator.broadcast(buffer, src=0)
         yield from unpack(buffer, bucket).items()
+
+
+class GlooCommunicator:
+    """A CPU stand-in for the NCCL communicator: a gloo group of its own (rank 0 serves the store)."""
+
+    def __init__(self, host: str, port: int, rank: int, world_size: int, timeout_s: float) -> None:
+        from torch.distributed import PrefixStore, ProcessGroupGloo, TCPStore
+
+        timeout = datetime.timedelta(seconds=timeout_s)
+        self.store = TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
+        self.group = ProcessGroupGloo(PrefixStore("grpo_weights", self.store), rank, world_size, timeout)
+        self.rank, self.world_size = rank, world_size
+
+    def broadcast(self, tensor: torch.Tensor, src: int) -> None:
+        from torch.distributed import BroadcastOptions
+
+        options = BroadcastOptions()
+        options.rootRank, options.rootTensor = src, 0
+        self.group.broadcast([tensor], options).wait()
+
+
+def communicator(backend: Backend, host: str, port: int, rank: int, world_size: int,
+                 device: torch.device | str, timeout_s: float) -> Communicator:
+    """Join the weight group at host:port as `rank`; rank 0 must be the sender (the learner)."""
+    if backend == "gloo":
+        return GlooCommunicator(host, port, rank, world_size, timeout_s)
+    from grpo_dist.rollout.vllm_engine import nccl_communicator  # vLLM's NCCL wrapper: GPU only
+
+    return nccl_communicator(host, port, rank, world_size, device, timeout_s)
+
+
+def engine_rank_offsets(num_workers: int, tensor_parallel_size: int) -> list[int]:
+    """The weight-group rank of each rollout worker's first engine worker (the learner is rank 0)."""
+    return [1 + index * tensor_parallel_size for index in range(num_workers)]
+
+
+class NcclSync:
+    """The `WeightSync` (weights.py) that broadcasts from the learner to every engine worker.
+
+    `setup` forms the group: the learner (rank 0) serves the rendezvous at an address on its
+    own node, rollout worker i's engine workers join as ranks 1 + i*tp .. (i+1)*tp, world size
+    1 + workers*tp. `push` sends one version, bucket by bucket; every wait is bounded by
+    `timeout_s` and a timeout raises WeightSyncError. backend="gloo" runs the same on the CPU.
+    """
+
+    def __init__(self, learner: Any, rollouts: list[Any], *, tensor_parallel_size: int = 1,
+                 timeout_s: float = 300.0, bucket_bytes: int = DEFAULT_BUCKET_BYTES, verify: bool = True,
+                 backend: Backend = "nccl") -> None:
+        self.learner, self.rollouts = learner, rollouts
+        self.tensor_parallel_size, self.timeout_s = tensor_parallel_size, timeout_s
+        self.bucket_bytes, self.verify, self.backend = bucket_bytes, verify, backend
+        self.world_size = 1 + len(rollouts) * tensor_parallel_size
+        self.plan: list[Bucket] | None = None
+        self.joining = False
+
+    def setup(self) -> None:
+        host, port = ray.get(self.learner.weight_group_address.remote(), timeout=self.timeout_s)
+        offsets = engine_rank_offsets(len(self.rollouts), self.tensor_parallel_size)
+        joined = [self.learner.join_weight_group.remote(host, port, self.world_size, self.timeout_s, self.backend)]
+        joined += [worker.join_weight_group.remote(host, port, offset, self.world_size, self.timeout_s, self.backend)
+                   for worker, offset in zip(self.rollouts, offsets)]
+        self.joining = True
+        self._wait(joined, f"forming the weight group of {self.world_size} ranks at {host}:{port}")
+        self.plan = ray.get(self.learner.weight_plan.remote(self.bucket_bytes))
+
+    def push(self, version: int) -> list[str | None]:
+        if self.plan is None:
+            raise RuntimeError("NcclSync.push before setup")
+        sent = self.learner.send_weights.remote(self.plan)
+        received = [w.receive_weights.remote(self.plan, version, self.timeout_s, self.verify) for w in self.rollouts]
+        return self._wait([sent, *received], f"broadcasting version {version}")[1:]
+
+    def close(self) -> None:
+        if not self.joining:
+            return
+        self.plan, self.joining = None, False
+        every = [self.learner, *self.rollouts]
+        ray.wait([actor.leave_weight_group.remote() for actor in every], num_returns=len(every),
+                 timeout=min(self.timeout_s, 10))
+
+    def _wait(self, futures: list, what: str) -> list:
+        try:
+            return ray.get(futures, timeout=self.timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            raise WeightSyncError(
+                f"{what}: not done after {self.timeout_s:.0f} s (trainer.weight_sync_timeout_s)"
+            ) from None
 
 
 def _aligned(offset: int) -> int:

@@ -9,7 +9,7 @@ import ray
 
 from conftest import ENGINES, small_config
 from grpo_dist.reward.rules import exact_answer
-from grpo_dist.trainer import Actors, Trainer, WeightSyncError
+from grpo_dist.trainer import Trainer, WeightSyncError
 from grpo_dist.types import SamplingSettings
 
 GROUP = 4
@@ -19,9 +19,9 @@ GROUP = 4
 def trainer(request, ray_cluster, tmp_path_factory):
     config = small_config(tmp_path_factory.mktemp("runs"), f"rollout.engine={request.param}")
     trainer = Trainer(config, run_dir=tmp_path_factory.mktemp("run"))
-    trainer.actors = Actors.start(trainer.config)
+    trainer.start()  # the object-store weight sync: no GPUs here
     yield trainer
-    trainer.actors.stop()
+    trainer.stop()
 
 
 def test_workers_run_the_configured_engine_in_one_placement_group(trainer):

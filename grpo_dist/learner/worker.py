@@ -182,11 +182,21 @@ class Learner:
     def checksum(self) -> str:
         return state_checksum(self.policy.state_dict())
 
-    def join_weight_group(self, host: str, port: int, world_size: int, timeout_s: float) -> None:
-        """Open the NCCL weight-update group as rank 0 (GPU; the engines join as ranks 1..)."""
-        from grpo_dist.rollout.vllm_engine import nccl_communicator  # vLLM's NCCL wrapper
+    def weight_group_address(self) -> tuple[str, int]:
+        """Where this node can serve the weight group's rendezvous: its IP and a free port."""
+        import socket
 
-        self.weight_group = nccl_communicator(host, port, 0, world_size, self.device, timeout_s)
+        import ray
+
+        with socket.socket() as probe:
+            probe.bind(("", 0))
+            port = probe.getsockname()[1]
+        return ray.util.get_node_ip_address(), port
+
+    def join_weight_group(self, host: str, port: int, world_size: int, timeout_s: float,
+                          backend: weights_nccl.Backend = "nccl") -> None:
+        """Open the weight-update group as rank 0 (nccl on a GPU; gloo is the CPU stand-in)."""
+        self.weight_group = weights_nccl.communicator(backend, host, port, 0, world_size, self.device, timeout_s)
 
     def weight_plan(self, bucket_bytes: int) -> list[weights_nccl.Bucket]:
         """How `send_weights` packs the state dict; every receiver needs the same plan."""
@@ -195,7 +205,11 @@ class Learner:
     def send_weights(self, buckets: list[weights_nccl.Bucket]) -> None:
         """Broadcast the current weights over the weight group; returns when they have left."""
         weights_nccl.send(self.weight_group, self.policy.state_dict(), buckets, self.device)
-        torch.cuda.synchronize(self.device)
+        if self.device != "cpu":
+            torch.cuda.synchronize(self.device)
+
+    def leave_weight_group(self) -> None:
+        self.weight_group = None
 
     def save(self, path: str) -> str:
         """Write the policy and tokenizer to `path` atomically (a temporary folder, then rename)."""

@@ -7,6 +7,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from transformers.utils import logging as transformers_logging
 
 from grpo_dist.config import resolve_path
+from grpo_dist import weights_nccl
 from grpo_dist.types import Completion, SamplingSettings
 from grpo_dist.weights import state_checksum
 
@@ -85,6 +86,26 @@ class HFEngine:
 
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         self.model.load_state_dict(state_dict, strict=True)
+
+    def join_weight_group(self, host: str, port: int, rank_offset: int, world_size: int, timeout_s: float,
+                          backend: str = "nccl") -> None:
+        """Join the learner's weight group as rank `rank_offset` (weights_nccl.py)."""
+        self.weight_group = weights_nccl.communicator(backend, host, port, rank_offset, world_size,
+                                                      self.device, timeout_s)
+
+    @torch.no_grad()
+    def receive_weights(self, buckets: list[weights_nccl.Bucket], timeout_s: float | None = None) -> None:
+        """Copy the broadcast weights in place, one bucket in memory at a time (timeout: the group's)."""
+        served = self.model.state_dict()
+        received = set()
+        for name, tensor in weights_nccl.receive(self.weight_group, buckets, self.device):
+            served[name].copy_(tensor)
+            received.add(name)
+        if missing := set(served) - received:
+            raise RuntimeError(f"the broadcast left out {sorted(missing)}")
+
+    def leave_weight_group(self) -> None:
+        self.weight_group = None
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return self.model.state_dict()

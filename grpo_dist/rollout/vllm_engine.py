@@ -99,15 +99,21 @@ class VLLMEngine:
         self._llm.collective_rpc("grpo_reload_weights", args=(weights,))
         self._reset_prefix_cache()
 
-    def join_weight_group(self, host: str, port: int, rank_offset: int, world_size: int, timeout_s: float) -> None:
-        """Join the learner's NCCL weight group (GPU): this engine's worker w is rank rank_offset + w.
+    def join_weight_group(self, host: str, port: int, rank_offset: int, world_size: int, timeout_s: float,
+                          backend: str = "nccl") -> None:
+        """Join the learner's weight group (nccl on a GPU; gloo, the CPU stand-in, in tests):
+        this engine's worker w is rank rank_offset + w.
 
         Blocks until all `world_size` ranks have joined (the learner joins as rank 0
         meanwhile), for at most `timeout_s`.
         """
         self._llm.collective_rpc(
-            "grpo_join_weight_group", timeout=timeout_s, args=(host, port, rank_offset, world_size, timeout_s)
+            "grpo_join_weight_group", timeout=timeout_s,
+            args=(host, port, rank_offset, world_size, timeout_s, backend),
         )
+
+    def leave_weight_group(self) -> None:
+        self._llm.collective_rpc("grpo_leave_weight_group")
 
     def receive_weights(self, buckets: list[Bucket], timeout_s: float | None = None) -> None:
         """Take the version the learner broadcasts over the weight group (`weights_nccl.send`).

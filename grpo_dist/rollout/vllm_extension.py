@@ -49,14 +49,21 @@ class GRPOWorkerExtension:
         return save_safetensors(tensors) if as_bytes else tensors
 
     def grpo_join_weight_group(
-        self, host: str, port: int, rank_offset: int, world_size: int, timeout_s: float
+        self,
+        host: str,
+        port: int,
+        rank_offset: int,
+        world_size: int,
+        timeout_s: float,
+        backend: weights_nccl.Backend = "nccl",
     ) -> None:
-        """Join the learner's NCCL weight-update group as rank rank_offset + this worker's rank."""
-        from grpo_dist.rollout.vllm_engine import nccl_communicator  # the GPU path only
-
-        self.grpo_weight_group = nccl_communicator(
-            host, port, rank_offset + self.rank, world_size, self.device, timeout_s
+        """Join the learner's weight-update group as rank rank_offset + this worker's rank."""
+        self.grpo_weight_group = weights_nccl.communicator(
+            backend, host, port, rank_offset + self.rank, world_size, self.device, timeout_s
         )
+
+    def grpo_leave_weight_group(self) -> None:
+        self.grpo_weight_group = None
 
     def grpo_receive_weights(self, buckets: list[weights_nccl.Bucket]) -> None:
         """Load the buckets the learner broadcasts, one bucket in memory at a time.

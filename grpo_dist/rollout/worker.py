@@ -69,9 +69,16 @@ class RolloutWorker:
         self.version = version
         return self.checksum() if verify else None
 
-    def join_weight_group(self, host: str, port: int, rank_offset: int, world_size: int, timeout_s: float) -> None:
-        """Join the learner's NCCL weight group (engine=vllm on a GPU; see weights_nccl.py)."""
-        self.engine.join_weight_group(host, port, rank_offset, world_size, timeout_s)
+    def join_weight_group(self, host: str, port: int, rank_offset: int, world_size: int, timeout_s: float,
+                          backend: str = "nccl") -> None:
+        """Join the learner's weight group (nccl: engine=vllm on a GPU; gloo: the CPU stand-in).
+
+        See weights_nccl.py: this worker's engine worker w is rank rank_offset + w.
+        """
+        self.engine.join_weight_group(host, port, rank_offset, world_size, timeout_s, backend)
+
+    def leave_weight_group(self) -> None:
+        self.engine.leave_weight_group()
 
     def receive_weights(self, buckets: list, version: int, timeout_s: float, verify: bool = True) -> str | None:
         """Take a new policy version over the weight group; returns the served checksum."""
