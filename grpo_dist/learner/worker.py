@@ -88,15 +88,19 @@ class Learner:
         batch = TrainBatch.from_groups(groups, self.tokenizer.pad_token_id)
         rewards = torch.tensor([reward for group in groups for reward in group.rewards])
         advantages = grpo.group_advantages(rewards, self.rollout.group_size, scale=self.algo.advantage_scale)
-        old_logprobs = self._logprobs_no_grad(self.policy, batch)  # pi_old: the weights that sampled
+        # pi_old, the weights that sampled. With one optimizer step per batch it is the first
+        # (grad) forward pass, detached; otherwise it is computed once before any step.
+        single_step = self.algo.mu == 1 and (self.algo.minibatch_size or len(batch)) >= len(batch)
+        old_logprobs = torch.zeros_like(batch.mask) if single_step else self._logprobs_no_grad(self.policy, batch)
         ref_logprobs = self._logprobs_no_grad(self.reference, batch) if self.reference else None
-        metrics = self._sampler_agreement(batch, old_logprobs, self.algo.tis_cap)
         self.policy.train()
         step_stats: list[dict[str, float]] = []
         for _ in range(self.algo.mu):
             for rows in self._minibatches(len(batch)):
-                step_stats.append(self._optimizer_step(batch, rows, old_logprobs, ref_logprobs, advantages))
+                step_stats.append(self._optimizer_step(batch, rows, old_logprobs, ref_logprobs, advantages,
+                                                       fill_old=single_step))
         self.policy.eval()
+        metrics = self._sampler_agreement(batch, old_logprobs, self.algo.tis_cap)
         self.version += 1
         tokens = batch.mask.sum().item()
         for key in step_stats[0]:
@@ -118,10 +122,14 @@ class Learner:
         return [order[i : i + step] for i in range(0, size, step)]
 
     def _optimizer_step(self, batch: TrainBatch, rows: torch.Tensor, old_logprobs: torch.Tensor,
-                        ref_logprobs: torch.Tensor | None, advantages: torch.Tensor) -> dict[str, float]:
+                        ref_logprobs: torch.Tensor | None, advantages: torch.Tensor,
+                        fill_old: bool = False) -> dict[str, float]:
+        """One optimizer step on `rows`; with `fill_old`, this pass's logprobs become pi_old first."""
         input_ids, attention = batch.input_ids[rows].to(self.device), batch.attention_mask[rows].to(self.device)
         logprobs = token_logprobs(self.policy, input_ids, attention, self.rollout.temperature)
         mask = batch.mask[rows].to(self.device)
+        if fill_old:
+            old_logprobs[rows] = logprobs.detach().cpu() * batch.mask[rows]
         loss, stats = grpo.policy_loss(
             logprobs,
             old_logprobs[rows].to(self.device),
