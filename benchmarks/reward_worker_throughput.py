@@ -21,9 +21,9 @@ from grpo_dist.types import Completion, Group
 def groups_of(problems: list[dict]) -> list[Group]:
     """One group of one completion (the reference solution) per problem."""
     return [
-        Group(row=p, prompt=p["prompt"], prompt_ids=[], policy_version=0,
+        Group(prompt_index=i, row=p, prompt=p["prompt"], prompt_ids=[], policy_version=0,
               completions=[Completion([], [], f"```python\n{p['reference']}```", "stop")])
-        for p in problems
+        for i, p in enumerate(problems)
     ]
 
 

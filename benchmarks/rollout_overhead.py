@@ -21,7 +21,7 @@ import ray
 import torch
 
 from grpo_dist.config import RolloutConfig, load_config
-from grpo_dist.data import read_jsonl, render_prompt
+from grpo_dist.data import build_prompts, read_jsonl
 from grpo_dist.rollout.hf_engine import load_tokenizer
 from grpo_dist.rollout.worker import RolloutWorker
 from grpo_dist.types import SamplingSettings
@@ -55,10 +55,10 @@ def main() -> None:
     config = load_config(None, ["rollout.engine=vllm", f"rollout.threads={args.threads}", "rollout.num_cpus=1",
                                 "rollout.vllm.cpu_kv_cache_gb=0.5"])
     rows = read_jsonl(config.data.train)[: args.prompts]
-    prompts = [render_prompt(config.data.prompt_template, row) for row in rows]
-    tokenizer = load_tokenizer(config.model.path)
-    prompt_ids = [tokenizer(p)["input_ids"] for p in prompts]
-    sampling = SamplingSettings(n=args.n, temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=0)
+    prompts = build_prompts(rows, config.data.prompt_template, load_tokenizer(config.model.path))
+    prompt_ids = [p.ids for p in prompts]
+    seeds = list(range(len(prompts)))
+    sampling = SamplingSettings(n=args.n, temperature=args.temperature, max_new_tokens=args.max_new_tokens)
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     worker = ray.remote(RolloutWorker).options(num_cpus=1).remote(config.model, config.rollout, 0)
@@ -77,7 +77,7 @@ def main() -> None:
     token_prompts = [TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids]
 
     def run_grpo_dist() -> int:
-        groups = ray.get(worker.generate.remote(rows, prompts, sampling))
+        groups = ray.get(worker.generate.remote(prompts, sampling, seeds))
         return sum(len(c.token_ids) for g in groups for c in g.completions)
 
     def run_direct() -> int:

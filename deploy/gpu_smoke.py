@@ -116,8 +116,10 @@ def run(args: argparse.Namespace, folder: Path) -> None:
     import ray
 
     from grpo_dist.config import AlgoConfig, LearnerConfig, ModelConfig, RolloutConfig, VLLMConfig
+    from grpo_dist.data import build_prompts
     from grpo_dist.learner.worker import Learner
     from grpo_dist.rollout.worker import RolloutWorker
+    from grpo_dist.seeding import prompt_seed
     from grpo_dist.types import SamplingSettings
 
     gpus = torch.cuda.device_count()
@@ -146,12 +148,13 @@ def run(args: argparse.Namespace, folder: Path) -> None:
         plan = ray.get(learner.weight_plan.remote(args.bucket_mb << 20))
 
     rows = [{"prompt": f"{a}+{b}="} for a in range(40) for b in range(40)]
+    prompts = build_prompts(rows, "{prompt}", build_tokenizer())
     sampling = SamplingSettings(n=args.group_size, temperature=1.0, max_new_tokens=args.max_new_tokens)
     print(f"{'step':>4} {'gen tok/s':>10} {'learn tok/s':>12} {'sync ms':>8} {'reward':>7}")
     for step in range(1, args.steps + 1):
-        batch = rows[(step - 1) * args.prompts: step * args.prompts]
+        batch = prompts[(step - 1) * args.prompts: step * args.prompts]
         clock = time.perf_counter()
-        groups = ray.get(worker.generate.remote(batch, [r["prompt"] for r in batch], sampling))
+        groups = ray.get(worker.generate.remote(batch, sampling, [prompt_seed(0, step, i) for i in range(len(batch))]))
         generate_s = time.perf_counter() - clock
         for group in groups:
             group.rewards = [digit_share(c.text) for c in group.completions]

@@ -1,13 +1,16 @@
-"""Datasets: JSONL rows, prompt templates, and a deterministic cursor over prompts."""
+"""Datasets: JSONL rows, prompt templates, tokenized prompts, and a deterministic cursor."""
 
 from __future__ import annotations
 
 import json
 import random
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from grpo_dist.config import resolve_path
+from grpo_dist.types import Prompt
+
+T = TypeVar("T")
 
 
 def read_jsonl(path: str) -> list[dict[str, Any]]:
@@ -33,10 +36,19 @@ def render_prompt(template: str, row: dict[str, Any]) -> str:
         raise ValueError(f"prompt_template names field {exc} that the row lacks: {sorted(row)}") from None
 
 
-class PromptCursor:
+def build_prompts(rows: list[dict[str, Any]], template: str, tokenizer: Any) -> list[Prompt]:
+    """Render every row with `template` and tokenize it once, here in the driver."""
+    prompts = []
+    for index, row in enumerate(rows):
+        text = render_prompt(template, row)
+        prompts.append(Prompt(index=index, row=row, text=text, ids=tokenizer(text)["input_ids"]))
+    return prompts
+
+
+class PromptCursor(Generic[T]):
     """Walks the rows in a seeded random order, reshuffling at every epoch."""
 
-    def __init__(self, rows: list[dict[str, Any]], seed: int) -> None:
+    def __init__(self, rows: list[T], seed: int) -> None:
         self.rows = rows
         self.seed = seed
         self.epoch = 0
@@ -48,7 +60,7 @@ class PromptCursor:
         random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
         return order
 
-    def next_batch(self, size: int) -> list[dict[str, Any]]:
+    def next_batch(self, size: int) -> list[T]:
         batch = []
         while len(batch) < size:
             if self.position == len(self._order):

@@ -17,13 +17,15 @@ from ray.util.placement_group import PlacementGroup, remove_placement_group
 from tqdm import tqdm
 
 from grpo_dist.config import Config, dump_config
-from grpo_dist.data import PromptCursor, read_jsonl, render_prompt
+from grpo_dist.data import PromptCursor, build_prompts, read_jsonl
 from grpo_dist.learner.worker import Learner
 from grpo_dist.metrics import MetricsLog, console_line, plot_run, standard_error, write_json_atomic
 from grpo_dist.placement import in_bundle, rollout_placement_group
 from grpo_dist.reward.worker import RewardWorker
 from grpo_dist.rollout.worker import RolloutWorker
-from grpo_dist.types import Group, SamplingSettings
+from grpo_dist.rollout.hf_engine import load_tokenizer
+from grpo_dist.seeding import prompt_seed
+from grpo_dist.types import Group, Prompt, SamplingSettings
 from grpo_dist.weights import WeightSync, WeightSyncError, make_weight_sync
 
 T = TypeVar("T")
@@ -101,10 +103,13 @@ class Trainer:
     def __init__(self, config: Config, run_dir: Path) -> None:
         self.config = config
         self.run_dir = run_dir
-        self.train_rows = read_jsonl(config.data.train)
+        tokenizer = load_tokenizer(config.model.path)
+        template = config.data.prompt_template
+        self.train_prompts = build_prompts(read_jsonl(config.data.train), template, tokenizer)
         eval_rows = read_jsonl(config.data.eval) if config.data.eval else []
-        self.eval_rows = eval_rows[: config.data.eval_rows] if config.data.eval_rows else eval_rows
-        self.cursor = PromptCursor(self.train_rows, config.trainer.seed)
+        eval_rows = eval_rows[: config.data.eval_rows] if config.data.eval_rows else eval_rows
+        self.eval_prompts = build_prompts(eval_rows, template, tokenizer)
+        self.cursor = PromptCursor(self.train_prompts, config.trainer.seed)
         self.sampling = SamplingSettings(
             n=config.rollout.group_size,
             temperature=config.rollout.temperature,
@@ -151,8 +156,8 @@ class Trainer:
         summary = {
             "eval_accuracy_before": before,
             "eval_accuracy_after": after,
-            "eval_rows": len(self.eval_rows),
-            "eval_accuracy_stderr_after": standard_error(after, len(self.eval_rows)) if self.eval_rows else None,
+            "eval_rows": len(self.eval_prompts),
+            "eval_accuracy_stderr_after": standard_error(after, len(self.eval_prompts)) if self.eval_prompts else None,
             "steps": steps,
             "rollout_engine": ",".join(engines),
             "wall_seconds": round(time.time() - started, 1),
@@ -167,7 +172,7 @@ class Trainer:
                         mininterval=1.0)
         step = 0
         for step in range(1, trainer.steps + 1):
-            metrics = self.step()
+            metrics = self.step(step)
             log.write({"kind": "train", "step": step, "wall_s": round(time.time() - started, 2), **metrics})
             progress.update(1)
             progress.set_postfix_str(console_line(metrics), refresh=False)
@@ -182,13 +187,13 @@ class Trainer:
         progress.close()
         return step
 
-    def step(self) -> dict[str, float]:
+    def step(self, step: int) -> dict[str, float]:
         """One synchronous GRPO step; returns its metrics."""
         assert self.actors is not None
         timings: dict[str, float] = {}
         clock = time.perf_counter()
-        rows = self.cursor.next_batch(self.config.rollout.prompts_per_step)
-        groups = self.generate(rows, self.sampling)
+        prompts = self.cursor.next_batch(self.config.rollout.prompts_per_step)
+        groups = self.generate(prompts, self.sampling, step)
         timings["time/generate_s"] = time.perf_counter() - clock
 
         clock = time.perf_counter()
@@ -206,14 +211,12 @@ class Trainer:
         timings["time/step_s"] = sum(timings.values())
         return {**self.rollout_metrics(groups, timings["time/generate_s"]), **reward_stats, **learner_metrics, **timings}
 
-    def generate(self, rows: list[dict[str, Any]], sampling: SamplingSettings) -> list[Group]:
-        prompts = [render_prompt(self.config.data.prompt_template, row) for row in rows]
-        row_chunks, prompt_chunks = split(rows, len(self.actors.rollouts)), split(prompts, len(self.actors.rollouts))
-        futures = [
-            worker.generate.remote(r, p, sampling)
-            for worker, r, p in zip(self.actors.rollouts, row_chunks, prompt_chunks)
-            if r
-        ]
+    def generate(self, prompts: list[Prompt], sampling: SamplingSettings, step: int) -> list[Group]:
+        """Split `prompts` over the rollout workers; prompt i of step `step` samples with its own seed."""
+        seeds = [prompt_seed(self.config.trainer.seed, step, position) for position in range(len(prompts))]
+        workers = self.actors.rollouts
+        chunks = zip(workers, split(prompts, len(workers)), split(seeds, len(workers)))
+        futures = [worker.generate.remote(p, sampling, s) for worker, p, s in chunks if p]
         return [group for chunk in ray.get(futures) for group in chunk]
 
     def score(self, groups: list[Group]) -> tuple[list[Group], dict[str, float]]:
@@ -262,11 +265,11 @@ class Trainer:
 
     def evaluate(self, step: int, log: MetricsLog) -> float:
         """Greedy accuracy on the held-out rows; logged with its standard error."""
-        if not self.eval_rows:
+        if not self.eval_prompts:
             return float("nan")
         clock = time.perf_counter()
         greedy = SamplingSettings(n=1, temperature=0.0, max_new_tokens=self.config.rollout.max_new_tokens)
-        groups, _ = self.score(self.generate(self.eval_rows, greedy))
+        groups, _ = self.score(self.generate(self.eval_prompts, greedy, step))
         values = [g.reward_parts[self.config.reward.accuracy_from][0] for g in groups]
         accuracy = sum(v >= 1.0 for v in values) / len(values)
         log.write({

@@ -7,14 +7,30 @@ from typing import Any
 
 
 @dataclass(frozen=True)
+class Prompt:
+    """One dataset row, rendered and tokenized once (in the driver, by data.py).
+
+    `index` is the row's position in its split: the unit the data cursor counts.
+    """
+
+    index: int
+    row: dict[str, Any]
+    text: str
+    ids: list[int]
+
+
+@dataclass(frozen=True)
 class SamplingSettings:
-    """How one call to an engine samples. temperature 0 means greedy."""
+    """How one call to an engine samples. temperature 0 means greedy.
+
+    The randomness is not here: every prompt of a call comes with its own seed, and each of
+    its `n` completions draws from a stream of its own (seeding.py).
+    """
 
     n: int
     temperature: float = 1.0
     top_p: float = 1.0
     max_new_tokens: int = 16
-    seed: int | None = None
 
 
 @dataclass
@@ -36,6 +52,7 @@ class Completion:
 class Group:
     """G completions of one prompt, produced by one policy version."""
 
+    prompt_index: int
     row: dict[str, Any]
     prompt: str
     prompt_ids: list[int]

@@ -11,7 +11,7 @@ import pytest
 def test_launch_learns_the_default_task_with_transformers_rollouts(tmp_path):
     # measured: held-out greedy accuracy 0.323 -> 0.92 after 20 steps, 0.96 after 40 (2 cores)
     result = subprocess.run(
-        [sys.executable, "-m", "grpo_dist.launch", "rollout.engine=transformers", "trainer.steps=40",
+        [sys.executable, "-m", "grpo_dist.launch", "cluster.address=local", "rollout.engine=transformers", "trainer.steps=40",
          "trainer.eval_every=20", "trainer.progress=false", f"trainer.output_dir={tmp_path}", "trainer.run_name=cli"],
         capture_output=True, text=True, timeout=600,
     )

@@ -42,7 +42,7 @@ def test_the_built_model_and_tokenizer_run_in_vllm(smoke, tmp_path):
     smoke.save_model("tiny", tmp_path)
     engine = VLLMEngine(str(tmp_path), dtype="float32", max_model_len=128, cpu_kv_cache_gb=0.25)
     tokenizer = smoke.build_tokenizer()
-    [group] = engine.generate([tokenizer("12+7=")["input_ids"]], SamplingSettings(n=4, max_new_tokens=8, seed=0))
+    [group] = engine.generate([tokenizer("12+7=")["input_ids"]], SamplingSettings(n=4, max_new_tokens=8), [0])
     assert len(group) == 4 and all(len(c.logprobs) == len(c.token_ids) > 0 for c in group)
     assert all(tokenizer.decode(c.token_ids, skip_special_tokens=True) == c.text for c in group)
     del engine

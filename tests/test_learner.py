@@ -3,8 +3,10 @@
 import pytest
 
 from grpo_dist.config import load_config
+from grpo_dist.data import build_prompts
 from grpo_dist.learner.worker import Learner
 from grpo_dist.reward.rules import exact_answer
+from grpo_dist.rollout.hf_engine import load_tokenizer
 from grpo_dist.rollout.worker import RolloutWorker
 from grpo_dist.types import SamplingSettings
 
@@ -12,7 +14,8 @@ from grpo_dist.types import SamplingSettings
 def scored_groups(config):
     worker = RolloutWorker(config.model, config.rollout, seed=0)
     rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a, b in [(58, 67), (12, 30), (99, 1), (45, 45)]]
-    groups = worker.generate(rows, [r["prompt"] for r in rows], SamplingSettings(n=4, max_new_tokens=8))
+    prompts = build_prompts(rows, "{prompt}", load_tokenizer(config.model.path))
+    groups = worker.generate(prompts, SamplingSettings(n=4, max_new_tokens=8), seeds=[0, 1, 2, 3])
     for group in groups:
         group.rewards = [exact_answer(group.prompt, c.text, group.row["answer"]) for c in group.completions]
     return groups

@@ -60,7 +60,7 @@ def test_scores_through_the_reward_worker(model_dir):
     worker = RewardWorker(config.reward)
     assert worker.pool is None  # nothing to run in scoring processes
     groups = [
-        Group(row={"prompt": p}, prompt=p, prompt_ids=[], completions=[Completion([], [], c, "stop")], policy_version=0)
+        Group(prompt_index=0, row={"prompt": p}, prompt=p, prompt_ids=[], completions=[Completion([], [], c, "stop")], policy_version=0)
         for p, c in zip(PROMPTS, COMPLETIONS)
     ]
     scored, failures = worker.score(groups)

@@ -24,7 +24,7 @@ ADVERSARIAL = [
 
 def group(texts: list[str], **row) -> Group:
     completions = [Completion(list(range(len(t))), [0.0] * len(t), t, "stop") for t in texts]
-    return Group(row={"prompt": "p", **row}, prompt="p", prompt_ids=[], completions=completions, policy_version=0)
+    return Group(prompt_index=0, row={"prompt": "p", **row}, prompt="p", prompt_ids=[], completions=completions, policy_version=0)
 
 
 def worker(accuracy_from: str, *entries: str, **settings) -> RewardWorker:

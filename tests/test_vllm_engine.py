@@ -157,8 +157,8 @@ def _collect_discarded_engines():
 
 def test_groups_have_n_completions_with_consistent_fields(engine: VLLMEngine) -> None:
     prompts = _prompts(8)
-    sampling = SamplingSettings(n=4, temperature=1.0, max_new_tokens=24, seed=7)
-    groups = engine.generate(prompts, sampling)
+    sampling = SamplingSettings(n=4, temperature=1.0, max_new_tokens=24)
+    groups = engine.generate(prompts, sampling, list(range(len(prompts))))
     tokenizer = _tokenizer()
 
     assert len(groups) == len(prompts)
@@ -178,13 +178,25 @@ def test_groups_have_n_completions_with_consistent_fields(engine: VLLMEngine) ->
     assert len({tuple(c.token_ids) for c in groups[0]}) > 1, "n samples should differ"
 
 
+def test_identical_prompts_get_independent_groups(engine: VLLMEngine) -> None:
+    """Every completion has its own stream: two copies of one prompt do not sample alike."""
+    prompt = _prompts(1)[0]
+    sampling = SamplingSettings(n=8, temperature=1.0, max_new_tokens=16)
+    first, second = engine.generate([prompt, prompt], sampling, [11, 12])
+    assert [c.token_ids for c in first] != [c.token_ids for c in second]
+    assert len({tuple(c.token_ids) for c in first}) > 1
+    # and the same seed reproduces the group, whatever else is in the call
+    [again] = engine.generate([prompt], sampling, [11])
+    assert [c.token_ids for c in again] == [c.token_ids for c in first]
+
+
 def test_greedy_is_deterministic_and_matches_transformers(
     engine: VLLMEngine, model: LlamaForCausalLM
 ) -> None:
     prompts = _prompts(4)
     sampling = SamplingSettings(n=3, temperature=0.0, max_new_tokens=12)
-    first = engine.generate(prompts, sampling)
-    second = engine.generate(prompts, sampling)
+    first = engine.generate(prompts, sampling, list(range(len(prompts))))
+    second = engine.generate(prompts, sampling, list(range(len(prompts))))
 
     assert first == second
     for prompt, group in zip(prompts, first, strict=True):
@@ -200,8 +212,8 @@ def test_logprobs_match_transformers(
     engine: VLLMEngine, model: LlamaForCausalLM, temperature: float
 ) -> None:
     prompts = _prompts(4)
-    sampling = SamplingSettings(n=4, temperature=temperature, max_new_tokens=16, seed=3)
-    groups = engine.generate(prompts, sampling)
+    sampling = SamplingSettings(n=4, temperature=temperature, max_new_tokens=16)
+    groups = engine.generate(prompts, sampling, list(range(len(prompts))))
     assert _max_logprob_error(model, prompts, groups, temperature) < LOGPROB_TOL
 
 
@@ -224,14 +236,14 @@ def test_state_dict_is_the_checkpoint(engine: VLLMEngine, model: LlamaForCausalL
 def test_load_weights_changes_what_is_served(engine: VLLMEngine, model: LlamaForCausalLM) -> None:
     prompts = _prompts(4)
     greedy = SamplingSettings(n=1, temperature=0.0, max_new_tokens=12)
-    sampling = SamplingSettings(n=4, temperature=0.7, max_new_tokens=16, seed=5)
-    before = engine.generate(prompts, greedy)
+    sampling = SamplingSettings(n=4, temperature=0.7, max_new_tokens=16)
+    before = engine.generate(prompts, greedy, list(range(len(prompts))))
     new_model = _perturbed(model)
 
     engine.load_weights(_hf_state(new_model))
 
-    assert engine.generate(prompts, greedy) != before
-    groups = engine.generate(prompts, sampling)
+    assert engine.generate(prompts, greedy, list(range(len(prompts)))) != before
+    groups = engine.generate(prompts, sampling, list(range(len(prompts))))
     assert _max_logprob_error(new_model, prompts, groups, 0.7) < LOGPROB_TOL
     served, expected = engine.state_dict(), _hf_state(new_model)
     assert served.keys() == expected.keys()
@@ -243,13 +255,13 @@ def test_long_prompt_after_update_uses_new_weights(
 ) -> None:
     """A prompt over one KV block (128 tokens) must not reuse KV cached under old weights."""
     prompts = _prompts(2, 200)
-    sampling = SamplingSettings(n=2, temperature=1.0, max_new_tokens=8, seed=11)
-    engine.generate(prompts, sampling)  # fills the prefix cache with old-weight KV
+    sampling = SamplingSettings(n=2, temperature=1.0, max_new_tokens=8)
+    engine.generate(prompts, sampling, list(range(len(prompts))))  # fills the prefix cache with old-weight KV
     new_model = _perturbed(model)
 
     engine.load_weights(_hf_state(new_model))
 
-    groups = engine.generate(prompts, sampling)
+    groups = engine.generate(prompts, sampling, list(range(len(prompts))))
     assert _max_logprob_error(new_model, prompts, groups, 1.0) < LOGPROB_TOL
     prompt, completion = prompts[0], groups[0][0].token_ids
     expected = _reference_logprobs(new_model, prompt, completion, 1.0)
@@ -289,7 +301,7 @@ def test_bucketed_receive_path_loads_the_new_weights(
     assert not replay.buffers
     assert engine.checksum() == state_checksum(update)
     prompts = _prompts(4)
-    groups = engine.generate(prompts, SamplingSettings(n=2, max_new_tokens=12, seed=4))
+    groups = engine.generate(prompts, SamplingSettings(n=2, max_new_tokens=12), [4] * len(prompts))
     assert _max_logprob_error(new_model, prompts, groups, 1.0) < LOGPROB_TOL
 
 
@@ -305,7 +317,7 @@ def test_tied_embeddings_update(tmp_path: Path, with_lm_head: bool) -> None:
     engine.load_weights(update)
 
     prompts = _prompts(4)
-    groups = engine.generate(prompts, SamplingSettings(n=2, max_new_tokens=12, seed=2))
+    groups = engine.generate(prompts, SamplingSettings(n=2, max_new_tokens=12), [2] * len(prompts))
     assert _max_logprob_error(new_model, prompts, groups, 1.0) < LOGPROB_TOL
     served = engine.state_dict()
     assert torch.equal(served["lm_head.weight"], served["model.embed_tokens.weight"])

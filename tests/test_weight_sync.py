@@ -109,7 +109,7 @@ def test_the_group_has_the_learner_and_every_engine_worker(trainer):
 def test_steps_broadcast_the_new_weights_to_every_worker(trainer):
     learner = trainer.actors.learner
     before = ray.get(learner.checksum.remote())
-    metrics = [trainer.step() for _ in range(2)]  # each ends with sync.push and the checksum check
+    metrics = [trainer.step(step) for step in (1, 2)]  # each ends with sync.push and the checksum check
     after = ray.get(learner.checksum.remote())
     assert after != before
     assert [ray.get(w.checksum.remote()) for w in trainer.actors.rollouts] == [after, after]

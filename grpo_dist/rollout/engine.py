@@ -13,9 +13,13 @@ class GenerationEngine(Protocol):
     """A model that samples completions and takes new weights in place."""
 
     def generate(
-        self, prompt_ids: list[list[int]], sampling: SamplingSettings
+        self, prompt_ids: list[list[int]], sampling: SamplingSettings, seeds: list[int]
     ) -> list[list[Completion]]:
-        """Sample `sampling.n` completions for each prompt; one inner list per prompt."""
+        """Sample `sampling.n` completions for each prompt; one inner list per prompt.
+
+        Completion j of prompt i draws from a stream seeded by
+        `seeding.completion_seed(seeds[i], j)`, whatever else is in the call.
+        """
         ...
 
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:

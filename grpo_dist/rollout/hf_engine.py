@@ -37,9 +37,9 @@ class HFEngine:
         self.device = device
 
     @torch.no_grad()
-    def generate(self, prompt_ids: list[list[int]], sampling: SamplingSettings) -> list[list[Completion]]:
-        if sampling.seed is not None:
-            torch.manual_seed(sampling.seed)
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingSettings,
+                 seeds: list[int]) -> list[list[Completion]]:
+        torch.manual_seed(seeds[0])  # interim: one stream per call until the per-completion sampler lands
         input_ids, attention_mask = self._left_padded(prompt_ids)
         greedy = sampling.temperature == 0
         out = self.model.generate(

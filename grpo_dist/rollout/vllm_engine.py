@@ -23,6 +23,7 @@ from vllm.inputs import TokensPrompt
 from vllm.outputs import CompletionOutput
 from vllm.platforms import current_platform
 
+from grpo_dist.seeding import completion_seed
 from grpo_dist.types import Completion, SamplingSettings
 from grpo_dist.weights_nccl import Bucket
 
@@ -65,24 +66,33 @@ class VLLMEngine:
         self._tokenizer = self._llm.get_tokenizer()
 
     def generate(
-        self, prompt_ids: list[list[int]], sampling: SamplingSettings
+        self, prompt_ids: list[list[int]], sampling: SamplingSettings, seeds: list[int]
     ) -> list[list[Completion]]:
-        """Sample `sampling.n` completions per prompt; temperature 0 is greedy."""
+        """Sample `sampling.n` completions per prompt; temperature 0 is greedy.
+
+        Each completion is a request of its own (n=1) with its own seed, so that no two
+        completions share a random stream (with n=G and one seed per call, completion j of
+        every prompt would). vLLM's prefix cache still computes a shared prompt once.
+        """
         greedy = sampling.temperature == 0
-        params = SamplingParams(
-            n=1 if greedy else sampling.n,  # vLLM refuses n > 1 when greedy
-            temperature=sampling.temperature,
-            top_p=1.0 if greedy else sampling.top_p,
-            max_tokens=sampling.max_new_tokens,
-            seed=sampling.seed,
-            logprobs=0,  # the sampled token's logprob only
-            detokenize=False,  # text comes from the tokenizer, see _to_completion
-        )
-        outputs = self._llm.generate(_token_prompts(prompt_ids), params, use_tqdm=False)
-        groups = [[self._to_completion(c) for c in out.outputs] for out in outputs]
+        requests, params = [], []
+        for ids, seed in zip(prompt_ids, seeds, strict=True):
+            for sample in range(1 if greedy else sampling.n):
+                requests.append(ids)
+                params.append(SamplingParams(
+                    n=1,
+                    temperature=sampling.temperature,
+                    top_p=1.0 if greedy else sampling.top_p,
+                    max_tokens=sampling.max_new_tokens,
+                    seed=None if greedy else completion_seed(seed, sample),
+                    logprobs=0,  # the sampled token's logprob only
+                    detokenize=False,  # text comes from the tokenizer, see _to_completion
+                ))
+        outputs = self._llm.generate(_token_prompts(requests), params, use_tqdm=False)
+        completions = [self._to_completion(out.outputs[0]) for out in outputs]
         if greedy:
-            groups = [[_copy(group[0]) for _ in range(sampling.n)] for group in groups]
-        return groups
+            return [[_copy(c) for _ in range(sampling.n)] for c in completions]
+        return [completions[i : i + sampling.n] for i in range(0, len(completions), sampling.n)]
 
     def logprobs_of(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
         """log softmax(logits) (temperature 1) of `completion_ids` following `prompt_ids`."""

@@ -9,8 +9,8 @@ import torch
 
 from grpo_dist.config import ModelConfig, RolloutConfig, resolve_path, vllm_installed
 from grpo_dist.rollout.engine import GenerationEngine
-from grpo_dist.rollout.hf_engine import HFEngine, load_tokenizer
-from grpo_dist.types import Group, SamplingSettings
+from grpo_dist.rollout.hf_engine import HFEngine
+from grpo_dist.types import Group, Prompt, SamplingSettings
 
 
 def resolve_engine(name: str) -> str:
@@ -46,21 +46,20 @@ class RolloutWorker:
         torch.set_num_threads(rollout.threads)
         self.engine_name = resolve_engine(rollout.engine)
         self.engine = build_engine(model, rollout, seed)
-        self.tokenizer = load_tokenizer(model.path)
-        self.seed = seed
-        self.calls = 0
         self.version = 0
 
-    def generate(self, rows: list[dict[str, Any]], prompts: list[str], sampling: SamplingSettings) -> list[Group]:
-        """One group of `sampling.n` completions per prompt, tagged with the policy version."""
-        prompt_ids = [self.tokenizer(prompt)["input_ids"] for prompt in prompts]
-        if sampling.seed is None:  # a fresh, reproducible stream per call
-            sampling = SamplingSettings(**{**sampling.__dict__, "seed": self.seed * 100_003 + self.calls})
-        self.calls += 1
-        completions = self.engine.generate(prompt_ids, sampling)
+    def generate(self, prompts: list[Prompt], sampling: SamplingSettings, seeds: list[int]) -> list[Group]:
+        """One group of `sampling.n` completions per prompt, tagged with the policy version.
+
+        `seeds[i]` is prompt i's seed (seeding.prompt_seed); one engine call, so one version.
+        """
+        if len(seeds) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
+        completions = self.engine.generate([p.ids for p in prompts], sampling, seeds)
         return [
-            Group(row=row, prompt=prompt, prompt_ids=ids, completions=group, policy_version=self.version)
-            for row, prompt, ids, group in zip(rows, prompts, prompt_ids, completions)
+            Group(prompt_index=p.index, row=p.row, prompt=p.text, prompt_ids=list(p.ids), completions=group,
+                  policy_version=self.version)
+            for p, group in zip(prompts, completions)
         ]
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int, verify: bool = True) -> str | None:
