@@ -82,9 +82,13 @@ class Learner:
         self.generator = torch.Generator().manual_seed(seed)
         self.version = 0
 
-    def train_step(self, groups: list[Group]) -> dict[str, float]:
-        """One GRPO update on scored groups; the policy version advances by one."""
+    def train_step(self, *chunks: list[Group]) -> dict[str, float]:
+        """One GRPO update on the scored groups of every chunk; the policy version advances by one.
+
+        The controller passes each chunk as an object reference; Ray resolves them here.
+        """
         started = time.perf_counter()
+        groups = [group for chunk in chunks for group in chunk]
         batch = TrainBatch.from_groups(groups, self.tokenizer.pad_token_id)
         rewards = torch.tensor([reward for group in groups for reward in group.rewards])
         advantages = grpo.group_advantages(rewards, self.rollout.group_size, scale=self.algo.advantage_scale)
@@ -113,6 +117,7 @@ class Learner:
             "advantage/zero_fraction": (advantages == 0).float().mean().item(),
             "learner/tokens_per_s": tokens * self.algo.mu / (time.perf_counter() - started),
             "learner/version": float(self.version),
+            "time/learn_s": time.perf_counter() - started,
         })
         return metrics
 
