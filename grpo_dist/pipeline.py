@@ -7,9 +7,10 @@
 
 The driver holds object references and a few floats per chunk, never a group: Ray hands a
 chunk's groups from the rollout actor to the reward actor as soon as they exist, and the
-scored groups on to the learner, which resolves the references itself. (Ray inlines a
-return value under 100 KiB into its owner, the driver's core worker, and passes it on from
-there; larger chunks stay in the object store. docs/async.md has the measurements.)
+scored groups on to the learner, which resolves the references itself. Ray would return a
+value under 100 KiB to the caller's own memory and forward it from there, so the rollout
+and reward actors run with BY_REFERENCE: their results, however small, go to the object
+store of their node (docs/async.md has the driver's memory, measured).
 
 Versions. A Ray actor runs the calls one driver submits in the order it submitted them. The
 controller submits the push of weights version v before the chunks that v should sample, so
@@ -37,6 +38,11 @@ from grpo_dist.seeding import prompt_seed
 from grpo_dist.types import Prompt, SamplingSettings
 
 T = TypeVar("T")
+
+
+# Runtime environment of the rollout and reward actors: every return value is put in the
+# object store (the threshold under which Ray inlines it into the caller is 0 bytes).
+BY_REFERENCE = {"env_vars": {"RAY_max_direct_call_object_size": "0"}}
 
 
 class CallTimeout(TimeoutError):
@@ -151,11 +157,11 @@ class RolloutPipeline:
         chunk.groups, chunk.stats = self.rewards[chunk.reward].score_chunk.options(num_returns=2).remote(generated)
 
     def wait(self, chunks: list[Chunk]) -> tuple[list[dict[str, float]], list[dict[str, float]]]:
-        """Every chunk's generation info and scoring stats (small), in chunk order."""
-        refs = [ref for chunk in chunks for ref in (chunk.info, chunk.stats)]
-        names = [name for chunk in chunks for name in chunk.stage_names()]
-        values = fetch(refs, names, self.timeout_s)
-        return values[0::2], values[1::2]
+        """Every chunk's generation info, then its scoring stats (small), in chunk order; a
+        timeout names the first stage that did not finish."""
+        infos = fetch([c.info for c in chunks], [c.stage_names()[0] for c in chunks], self.timeout_s)
+        stats = fetch([c.stats for c in chunks], [c.stage_names()[1] for c in chunks], self.timeout_s)
+        return infos, stats
 
     def collect(self, batch: Batch, learner_version: int) -> Collected:
         """Wait until the batch is scored; chunks sampled more than max_staleness versions

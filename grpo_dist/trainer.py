@@ -33,7 +33,7 @@ from grpo_dist.config import Config, dump_config
 from grpo_dist.data import PromptCursor, build_prompts, read_jsonl
 from grpo_dist.learner.worker import Learner
 from grpo_dist.metrics import MetricsLog, console_line, plot_run, standard_error, write_json_atomic
-from grpo_dist.pipeline import Batch, RolloutPipeline, fetch
+from grpo_dist.pipeline import BY_REFERENCE, Batch, RolloutPipeline, fetch
 from grpo_dist.placement import create_placement_group, roles, unplaced
 from grpo_dist.reward.worker import RewardWorker
 from grpo_dist.rollout.hf_engine import load_tokenizer
@@ -59,7 +59,8 @@ class Actors:
 
         def options(name: str, index: int) -> dict:
             role, group = placed[name]
-            return role.actor_options(group, index)
+            by_reference = {"runtime_env": BY_REFERENCE} if name in ("rollout", "reward") else {}
+            return {**role.actor_options(group, index), **by_reference}
 
         rollout_cls, reward_cls, learner_cls = ray.remote(RolloutWorker), ray.remote(RewardWorker), ray.remote(Learner)
         actors = cls(
