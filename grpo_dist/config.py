@@ -201,6 +201,13 @@ class TrainerConfig(Section):
     output_dir: str = Field("runs", description="run directories are created here")
     run_name: str | None = Field(None, description="the run directory's name; null: the start time")
     save_final: bool = Field(True, description="save the final policy to RUN_DIR/final (atomically)")
+    checkpoint_every: int = Field(
+        50, ge=0, description="save a resumable checkpoint every N steps (0: only at the end and on SIGINT/SIGTERM)"
+    )
+    keep_checkpoints: int = Field(2, ge=1, description="keep the newest N checkpoints in RUN_DIR/checkpoints")
+    max_bad_steps: int = Field(
+        3, ge=1, description="stop the run after N steps in a row whose loss or gradient was not finite (each skipped)"
+    )
     verify_weight_sync: bool = Field(True, description="check every rollout worker's weight checksum each step")
     weight_sync: Literal["auto", "object_store", "nccl"] = Field(
         "auto", description="how weights reach the engines; auto: nccl with engine vllm and whole GPUs, else object_store"
@@ -214,7 +221,9 @@ class TrainerConfig(Section):
 
 class ClusterConfig(Section):
     address: str | None = Field(
-        None, description="null: join a running cluster, else start one; 'local': always start one; else join this"
+        None,
+        description="null: join the running cluster (RAY_ADDRESS, else `ray start`'s) if it answers, else start a "
+        "local one; 'local': always start one; 'auto', host:port or ray://host:port: join it, fail if it is down",
     )
     num_cpus: int | None = Field(None, ge=1, description="CPUs of a locally started cluster")
     namespace: str = Field("grpo_dist", description="Ray namespace of the run's actors")
@@ -318,8 +327,12 @@ def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Read a YAML recipe (or the built-in default when `path` is None) and apply overrides."""
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),
+                base: dict[str, Any] | None = None) -> Config:
+    """Read a YAML recipe (or the built-in default when `path` is None) and apply overrides.
+
+    `base` (a resolved config, say a checkpoint's) replaces the defaults underneath.
+    """
     tree: dict[str, Any] = {}
     if path is not None:
         try:
@@ -331,7 +344,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         if not isinstance(tree, dict):
             raise ConfigError(f"config file {path} must hold a mapping of sections")
     # overrides apply to the defaults too, so `reward.functions.0.weight=2` works without a file
-    tree = deep_merge(Config().model_dump(mode="json"), tree)
+    tree = deep_merge(deep_merge(Config().model_dump(mode="json"), base or {}), tree)
     for assignment in overrides:
         apply_override(tree, assignment)
     try:
