@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -327,24 +328,34 @@ def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),
-                base: dict[str, Any] | None = None) -> Config:
-    """Read a YAML recipe (or the built-in default when `path` is None) and apply overrides.
+def read_recipe(path: str | Path) -> dict[str, Any]:
+    """One YAML recipe as a nested dict; ConfigError when it is missing or not a mapping."""
+    try:
+        tree = yaml.safe_load(Path(path).read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+    if not isinstance(tree, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of sections")
+    return tree
 
-    `base` (a resolved config, say a checkpoint's) replaces the defaults underneath.
+
+def load_config(paths: str | Path | Sequence[str | Path] | None = None, overrides: Sequence[str] = (),
+                base: dict[str, Any] | None = None) -> Config:
+    """Compose YAML recipes (later files override earlier ones) over the defaults, then overrides.
+
+    `paths` is one recipe, several, or None (the built-in default). `base` (a resolved config,
+    say a checkpoint's) replaces the defaults underneath the recipes.
     """
-    tree: dict[str, Any] = {}
-    if path is not None:
-        try:
-            tree = yaml.safe_load(Path(path).read_text()) or {}
-        except FileNotFoundError:
-            raise ConfigError(f"config file not found: {path}") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
-        if not isinstance(tree, dict):
-            raise ConfigError(f"config file {path} must hold a mapping of sections")
+    if paths is None:
+        paths = []
+    elif isinstance(paths, (str, Path)):
+        paths = [paths]
     # overrides apply to the defaults too, so `reward.functions.0.weight=2` works without a file
-    tree = deep_merge(deep_merge(Config().model_dump(mode="json"), base or {}), tree)
+    tree = deep_merge(Config().model_dump(mode="json"), base or {})
+    for path in paths:
+        tree = deep_merge(tree, read_recipe(path))
     for assignment in overrides:
         apply_override(tree, assignment)
     try:

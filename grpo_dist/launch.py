@@ -29,7 +29,9 @@ class StartError(RuntimeError):
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m grpo_dist.launch", description="GRPO training on Ray.")
-    parser.add_argument("--config", help="YAML recipe (default: the built-in default task)")
+    parser.add_argument("--config", action="append", metavar="FILE",
+                        help="YAML recipe (default: the built-in default task); give several to compose them, "
+                        "later files overriding earlier ones, e.g. a task and configs/algos/dapo.yaml")
     parser.add_argument("--address", help="Ray address to join (default: a running cluster, else a new local one)")
     parser.add_argument("--resume", metavar="RUN_DIR|auto",
                         help="continue a run from its newest checkpoint; auto: the newest run in trainer.output_dir")
