@@ -6,7 +6,7 @@ import math
 import pytest
 import ray
 
-from conftest import small_config
+from conftest import ENGINES, small_config
 from grpo_dist.config import BUILTIN_ROOT, ConfigError, dump_config
 from grpo_dist.eval import evaluate, held_out_rows, main, parse_ks, pass_at_k, resolve_checkpoint, start_actors
 
@@ -58,11 +58,13 @@ def test_the_command_exits_2_before_starting_ray(tmp_path, capsys):
     assert not ray.is_initialized()
 
 
-def test_evaluate_scores_greedy_and_sampled_completions(ray_cluster, tmp_path):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_evaluate_scores_greedy_and_sampled_completions(ray_cluster, tmp_path, engine):
     # exact answer (1) plus half a point for the answer format: rewards 0, 0.5 and 1.5
-    config = small_config(tmp_path, "rollout.engine=transformers", "data.eval_rows=16", "rollout.temperature=0.7",
+    config = small_config(tmp_path, f"rollout.engine={engine}", "data.eval_rows=16", "rollout.temperature=0.7",
                           "reward.functions=[{name: exact_answer}, {name: answer_format, weight: 0.5, "
-                          "kwargs: {pattern: '<answer>[0-9]+</answer>'}}]")
+                          "kwargs: {pattern: '<answer>[0-9]+</answer>'}}]",
+                          f"rollout.num_workers={2 if engine == 'transformers' else 1}")  # one vLLM engine: 31 s, not 48
     rollouts, rewards = start_actors(config)
     try:
         metrics = evaluate(rollouts, rewards, held_out_rows(config.data), config, ks=(1, 2, 4))
