@@ -129,7 +129,8 @@ def resolve_checkpoint(path: str, config_file: str | None, overrides: list[str])
     elif (folder / "config.json").is_file():
         model_dir = folder
     else:
-        raise ConfigError(f"--checkpoint {path}: neither a model folder (config.json) nor a run directory (config.yaml)")
+        raise ConfigError(f"--checkpoint {path}: neither a model folder (config.json) "
+                          "nor a run directory (config.yaml)")
     config = load_config(config_file, overrides)
     try:
         config.model.path = str(model_dir.resolve())
@@ -171,11 +172,12 @@ def start_actors(config: Config) -> tuple[list[Any], list[Any]]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m grpo_dist.eval", description="Evaluate a policy on the held-out split.")
+    parser = argparse.ArgumentParser(prog="python -m grpo_dist.eval",
+                                     description="Evaluate a policy on the held-out split.")
     parser.add_argument("--checkpoint", required=True, help="model folder (RUN_DIR/final) or run directory")
-    parser.add_argument("--config", help="YAML recipe (default: the run directory's config.yaml, else the built-in default)")
+    parser.add_argument("--config", help="YAML recipe (default: the run directory's config.yaml, else the default)")
     parser.add_argument("--k", help="pass@k for these k, e.g. 1,4,8 (n = max k samples per prompt)")
-    parser.add_argument("--temperature", type=float, help="sampling temperature of pass@k (default: rollout.temperature)")
+    parser.add_argument("--temperature", type=float, help="pass@k sampling temperature (default: rollout.temperature)")
     parser.add_argument("--output", help="where to write the JSON result (default: print it only)")
     parser.add_argument("overrides", nargs="*", metavar="section.field=value", help="e.g. data.eval_rows=100")
     return parser.parse_args(argv)
@@ -187,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         model_dir, config = resolve_checkpoint(args.checkpoint, args.config, args.overrides)
         ks = parse_ks(args.k)
         if args.temperature is not None and (not ks or args.temperature <= 0):
-            raise ConfigError(f"--temperature {args.temperature}: it sets pass@k's sampling, so give --k and a value > 0")
+            raise ConfigError(f"--temperature {args.temperature}: it sets pass@k's sampling: give --k, and a value > 0")
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

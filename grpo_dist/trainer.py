@@ -202,8 +202,8 @@ class Trainer:
         self.broadcast_weights()
         timings["time/sync_s"] = time.perf_counter() - clock
         timings["time/step_s"] = sum(timings.values())
-        return {**self.rollout_metrics(groups, timings["time/generate_s"]), **reward_stats, **learner_metrics, **timings,
-                **engine_memory(self.actors.rollouts)}
+        metrics = {**self.rollout_metrics(groups, timings["time/generate_s"]), **reward_stats, **learner_metrics}
+        return {**metrics, **timings, **engine_memory(self.actors.rollouts)}
 
     def generate(self, prompts: list[Prompt], sampling: SamplingSettings, step: int) -> list[Group]:
         """Split `prompts` over the rollout workers; prompt i of step `step` samples with its own seed."""

@@ -64,7 +64,8 @@ def test_evaluate_scores_greedy_and_sampled_completions(ray_cluster, tmp_path, e
     config = small_config(tmp_path, f"rollout.engine={engine}", "data.eval_rows=16", "rollout.temperature=0.7",
                           "reward.functions=[{name: exact_answer}, {name: answer_format, weight: 0.5, "
                           "kwargs: {pattern: '<answer>[0-9]+</answer>'}}]",
-                          f"rollout.num_workers={2 if engine == 'transformers' else 1}")  # one vLLM engine: 31 s, not 48
+                          # one vLLM engine on 2 cores: 31 s rather than 48
+                          f"rollout.num_workers={2 if engine == 'transformers' else 1}")
     rollouts, rewards = start_actors(config)
     try:
         metrics = evaluate(rollouts, rewards, held_out_rows(config.data), config, ks=(1, 2, 4))
