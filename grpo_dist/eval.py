@@ -24,9 +24,15 @@ from typing import Any
 from pydantic import ValidationError
 
 from grpo_dist.config import Config, ConfigError, DataConfig, load_config
-from grpo_dist.data import read_jsonl, render_prompt
+from grpo_dist.data import build_prompts, read_jsonl
 from grpo_dist.metrics import write_json_atomic
-from grpo_dist.types import Group, SamplingSettings
+from grpo_dist.seeding import prompt_seed
+from grpo_dist.types import Group, Prompt, SamplingSettings
+
+# Evaluation samples from the streams of this step number, which no training step uses, and
+# seeds each prompt by its index in the split: the samples do not depend on how the rows are
+# divided among the workers.
+EVAL_STEP = -1
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -48,12 +54,13 @@ def standard_error(accuracy: float, n: int) -> float:
     return math.sqrt(max(accuracy * (1 - accuracy), 0.0) / max(n, 1))
 
 
-def held_out_rows(data: DataConfig) -> list[dict[str, Any]]:
-    """The first `data.eval_rows` rows of `data.eval` (all when null; none without a split)."""
+def held_out_prompts(data: DataConfig, tokenizer: Any) -> list[Prompt]:
+    """The first `data.eval_rows` rows of `data.eval` (all when null; none without a split),
+    rendered and tokenized."""
     if not data.eval:
         return []
     rows = read_jsonl(data.eval)
-    return rows[: data.eval_rows] if data.eval_rows else rows
+    return build_prompts(rows[: data.eval_rows] if data.eval_rows else rows, data.prompt_template, tokenizer)
 
 
 def is_correct(value: float) -> bool:
@@ -61,15 +68,14 @@ def is_correct(value: float) -> bool:
     return value >= 1.0
 
 
-def generate(rollouts: list[Any], rows: list[dict[str, Any]], template: str,
-             sampling: SamplingSettings) -> list[Group]:
-    """One group per row, the rows split over the rollout workers in contiguous chunks."""
+def generate(rollouts: list[Any], prompts: list[Prompt], sampling: SamplingSettings, seed: int) -> list[Group]:
+    """One group per prompt, the prompts split over the rollout workers in contiguous chunks."""
     import ray
 
-    prompts = [render_prompt(template, row) for row in rows]
-    size = math.ceil(len(rows) / len(rollouts))
-    futures = [worker.generate.remote(rows[i : i + size], prompts[i : i + size], sampling)
-               for worker, i in zip(rollouts, range(0, len(rows), size))]
+    seeds = [prompt_seed(seed, EVAL_STEP, prompt.index) for prompt in prompts]
+    size = math.ceil(len(prompts) / len(rollouts))
+    futures = [worker.generate.remote(prompts[i : i + size], sampling, seeds[i : i + size])
+               for worker, i in zip(rollouts, range(0, len(prompts), size))]
     return [group for chunk in ray.get(futures) for group in chunk]
 
 
@@ -82,18 +88,18 @@ def score(rewards: list[Any], groups: list[Group]) -> list[Group]:
     return [group for scored, _ in ray.get(futures) for group in scored]
 
 
-def evaluate(rollouts: list[Any], rewards: list[Any], rows: list[dict[str, Any]], config: Config,
+def evaluate(rollouts: list[Any], rewards: list[Any], prompts: list[Prompt], config: Config,
              ks: tuple[int, ...] = (), temperature: float | None = None) -> dict[str, float]:
-    """Score `rows` with the configured rewards through the rollout workers' engines.
+    """Score `prompts` with the configured rewards through the rollout workers' engines.
 
     Greedy decoding gives `eval/accuracy` (with its standard error) and `eval/mean_reward`;
     with `ks`, n = max(ks) samples per row at `temperature` (default: rollout.temperature)
     give `eval/pass@k` for each k, averaged over the rows.
     """
     clock = time.perf_counter()
-    accuracy_from, template = config.reward.accuracy_from, config.data.prompt_template
+    accuracy_from, seed = config.reward.accuracy_from, config.trainer.seed
     greedy = SamplingSettings(n=1, temperature=0.0, max_new_tokens=config.rollout.max_new_tokens)
-    groups = score(rewards, generate(rollouts, rows, template, greedy))
+    groups = score(rewards, generate(rollouts, prompts, greedy, seed))
     accuracy = sum(is_correct(g.reward_parts[accuracy_from][0]) for g in groups) / len(groups)
     metrics = {
         "eval/accuracy": accuracy,
@@ -104,10 +110,9 @@ def evaluate(rollouts: list[Any], rewards: list[Any], rows: list[dict[str, Any]]
     if ks:
         n = max(ks)
         sampling = SamplingSettings(n=n, temperature=config.rollout.temperature if temperature is None else temperature,
-                                    top_p=config.rollout.top_p, max_new_tokens=config.rollout.max_new_tokens,
-                                    seed=config.trainer.seed)
+                                    top_p=config.rollout.top_p, max_new_tokens=config.rollout.max_new_tokens)
         correct = [sum(map(is_correct, g.reward_parts[accuracy_from]))
-                   for g in score(rewards, generate(rollouts, rows, template, sampling))]
+                   for g in score(rewards, generate(rollouts, prompts, sampling, seed))]
         for k in sorted(ks):
             metrics[f"eval/pass@{k}"] = sum(pass_at_k(n, c, k) for c in correct) / len(correct)
     metrics["time/eval_s"] = time.perf_counter() - clock
@@ -197,11 +202,13 @@ def main(argv: list[str] | None = None) -> int:
     import ray
 
     from grpo_dist.launch import connect_ray
+    from grpo_dist.rollout.hf_engine import load_tokenizer
 
+    prompts = held_out_prompts(config.data, load_tokenizer(config.model.path))
     connect_ray(config)
     try:
         rollouts, rewards = start_actors(config)
-        metrics = evaluate(rollouts, rewards, held_out_rows(config.data), config, ks, args.temperature)
+        metrics = evaluate(rollouts, rewards, prompts, config, ks, args.temperature)
         engine = ray.get(rollouts[0].describe.remote())["engine"]
     finally:
         ray.shutdown()

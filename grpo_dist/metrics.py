@@ -83,8 +83,8 @@ def sample_records(groups: list[Group], step: int, scale: grpo.AdvantageScale) -
             }
             for i, completion in enumerate(group.completions)
         ]
-        records.append({"step": step, "policy_version": group.policy_version, "prompt": group.prompt,
-                        "row": group.row, "completions": completions})
+        records.append({"step": step, "policy_version": group.policy_version, "prompt_index": group.prompt_index,
+                        "prompt": group.prompt, "row": group.row, "completions": completions})
     return records
 
 

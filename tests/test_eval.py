@@ -8,7 +8,8 @@ import ray
 
 from conftest import ENGINES, small_config
 from grpo_dist.config import BUILTIN_ROOT, ConfigError, dump_config
-from grpo_dist.eval import evaluate, held_out_rows, main, parse_ks, pass_at_k, resolve_checkpoint, start_actors
+from grpo_dist.eval import evaluate, held_out_prompts, main, parse_ks, pass_at_k, resolve_checkpoint, start_actors
+from grpo_dist.rollout.hf_engine import load_tokenizer
 
 
 def test_pass_at_k_matches_hand_computations():
@@ -68,7 +69,8 @@ def test_evaluate_scores_greedy_and_sampled_completions(ray_cluster, tmp_path, e
                           f"rollout.num_workers={2 if engine == 'transformers' else 1}")
     rollouts, rewards = start_actors(config)
     try:
-        metrics = evaluate(rollouts, rewards, held_out_rows(config.data), config, ks=(1, 2, 4))
+        prompts = held_out_prompts(config.data, load_tokenizer(config.model.path))
+        metrics = evaluate(rollouts, rewards, prompts, config, ks=(1, 2, 4))
     finally:
         for actor in (*rollouts, *rewards):
             ray.kill(actor)

@@ -64,7 +64,7 @@ def test_samples_carry_completions_rewards_and_the_learners_advantages(run_dir):
     assert [s["step"] for s in samples] == [2, 2, 2]
     for sample in samples:
         assert sample["policy_version"] == 1  # step 2 samples with the weights of step 1
-        assert sample["prompt"] == sample["row"]["prompt"]
+        assert sample["prompt"] == sample["row"]["prompt"] and sample["prompt_index"] >= 0
         rewards = torch.tensor([c["reward"] for c in sample["completions"]])
         expected = grpo.group_advantages(rewards, len(rewards), scale="none")  # the run's algo.advantage_scale
         assert [c["advantage"] for c in sample["completions"]] == pytest.approx(expected.tolist())
