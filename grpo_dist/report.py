@@ -104,11 +104,11 @@ def plot_stages(ax: Any, train: list[dict[str, Any]]) -> None:
     if present and rows:
         ax.stackplot([r["step"] for r in rows], *[[r[name] for r in rows] for name, _ in present],
                      labels=[label for _, label in present], alpha=0.8)
-        handles, labels = ax.get_legend_handles_labels()
-        ax.legend(handles[::-1], labels[::-1], loc="upper right", fontsize=8)  # in the order of the stack
+        ax.legend(loc="upper left", ncol=len(present), fontsize=8)  # one row, above the stack's highest step
+        ax.set_ylim(0, 1.3 * max(sum(r[name] for name, _ in present) for r in rows))
     else:
         note_missing(ax, [name for name, _ in STAGES])
-    ax.set_ylim(bottom=0)
+        ax.set_ylim(bottom=0)
     ax.set_title("Time per step, by stage")
     ax.set_ylabel("seconds")
 
