@@ -1,12 +1,12 @@
 """Held-out evaluation through the rollout engines: greedy accuracy, pass@k, mean reward.
 
-    python -m grpo_dist.eval --checkpoint PATH [--config FILE] [--k 1,4,8] [--temperature T]
+    python -m grpo_dist.eval --checkpoint PATH [--config FILE ...] [--k 1,4,8] [--temperature T]
                              [--output result.json] [section.field=value ...]
 
 `evaluate` is the one code path: the trainer's periodic evaluation calls it with the run's
-actors; the command starts a local set of RolloutWorker and RewardWorker actors on the
-checkpoint and calls it too. PATH is a model folder (RUN_DIR/final, a checkpoint's policy
-folder) or a run directory (its config.yaml and its final/ policy).
+actors; the command starts RolloutWorker and RewardWorker actors on the policy (joining a
+running cluster or starting a local one, as launch does) and calls it too. PATH is a model folder (RUN_DIR/final, a checkpoint's policy/),
+a run directory (its config.yaml and final/) or a checkpoint (its config.yaml and policy/).
 
 Exit codes: 0 done, 2 bad arguments or configuration (nothing was started), 1 a failed run.
 """
@@ -119,24 +119,29 @@ def evaluate(rollouts: list[Any], rewards: list[Any], prompts: list[Prompt], con
     return metrics
 
 
-def resolve_checkpoint(path: str, config_file: str | None, overrides: list[str]) -> tuple[Path, Config]:
+def resolve_checkpoint(path: str, config_files: list[str], overrides: list[str]) -> tuple[Path, Config]:
     """The model folder to evaluate and the config to evaluate it with.
 
-    A run directory (config.yaml + final/) gives its final policy and, unless `config_file`
-    is given, its config; a model folder (config.json) is evaluated under `config_file` or the
-    built-in default. The overrides apply last, then model.path becomes the model folder.
+    A folder with a config.yaml is a run directory (its policy: final/) or one of its
+    checkpoints (checkpoints/step_N, its policy: policy/); its config.yaml is the base the
+    `config_files` are laid over, as for a resumed run. A model folder (config.json) is
+    evaluated under `config_files` or the built-in default. The overrides apply last, then
+    model.path becomes the model folder.
     """
     folder = Path(path)
     if (folder / "config.yaml").is_file():
-        model_dir, config_file = folder / "final", config_file or str(folder / "config.yaml")
-        if not (model_dir / "config.json").is_file():
-            raise ConfigError(f"--checkpoint {path}: the run directory has no final policy in {model_dir}")
+        config_files = [str(folder / "config.yaml"), *config_files]
+        model_dir = next((folder / name for name in ("final", "policy") if (folder / name / "config.json").is_file()),
+                         None)
+        if model_dir is None:
+            raise ConfigError(f"--checkpoint {path}: no policy in {folder / 'final'} (or policy/ of a checkpoint): "
+                              f"name a checkpoint, e.g. {folder / 'checkpoints' / 'step_000050'}")
     elif (folder / "config.json").is_file():
         model_dir = folder
     else:
         raise ConfigError(f"--checkpoint {path}: neither a model folder (config.json) "
-                          "nor a run directory (config.yaml)")
-    config = load_config(config_file, overrides)
+                          "nor a run directory or checkpoint (config.yaml)")
+    config = load_config(config_files, overrides)
     try:
         config.model.path = str(model_dir.resolve())
     except ValidationError as exc:
@@ -180,7 +185,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m grpo_dist.eval",
                                      description="Evaluate a policy on the held-out split.")
     parser.add_argument("--checkpoint", required=True, help="model folder (RUN_DIR/final) or run directory")
-    parser.add_argument("--config", help="YAML recipe (default: the run directory's config.yaml, else the default)")
+    parser.add_argument("--config", action="append", default=[], metavar="FILE",
+                        help="YAML recipe; several compose in order, over the run's config.yaml if PATH has one")
     parser.add_argument("--k", help="pass@k for these k, e.g. 1,4,8 (n = max k samples per prompt)")
     parser.add_argument("--temperature", type=float, help="pass@k sampling temperature (default: rollout.temperature)")
     parser.add_argument("--output", help="where to write the JSON result (default: print it only)")
@@ -199,14 +205,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
+    from grpo_dist.launch import connect_ray
+
+    connect_ray(config)  # before anything imports ray: it sets how a local cluster starts
     import ray
 
-    from grpo_dist.launch import connect_ray
     from grpo_dist.rollout.hf_engine import load_tokenizer
 
-    prompts = held_out_prompts(config.data, load_tokenizer(config.model.path))
-    connect_ray(config)
     try:
+        prompts = held_out_prompts(config.data, load_tokenizer(config.model.path))
         rollouts, rewards = start_actors(config)
         metrics = evaluate(rollouts, rewards, prompts, config, ks, args.temperature)
         engine = ray.get(rollouts[0].describe.remote())["engine"]

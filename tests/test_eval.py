@@ -11,6 +11,8 @@ from grpo_dist.config import BUILTIN_ROOT, ConfigError, dump_config
 from grpo_dist.eval import evaluate, held_out_prompts, main, parse_ks, pass_at_k, resolve_checkpoint, start_actors
 from grpo_dist.rollout.hf_engine import load_tokenizer
 
+MODEL = BUILTIN_ROOT / "arithmetic" / "model"
+
 
 def test_pass_at_k_matches_hand_computations():
     # n=5 samples, c=2 correct, k=2: 1 - C(3,2)/C(5,2) = 1 - 3/10
@@ -31,28 +33,41 @@ def test_parse_ks_accepts_a_list_and_names_bad_input():
             parse_ks(bad)
 
 
-def test_checkpoint_is_a_model_folder_or_a_run_directory(tmp_path):
-    model = BUILTIN_ROOT / "arithmetic" / "model"
-    folder, config = resolve_checkpoint(str(model), None, ["data.eval_rows=5"])
-    assert folder == model and config.model.path == str(model.resolve()) and config.data.eval_rows == 5
+def copy_model(target):
+    target.mkdir(parents=True)
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        (target / name).write_bytes((MODEL / name).read_bytes())
+
+
+def test_checkpoint_is_a_model_folder_a_run_directory_or_a_checkpoint(tmp_path):
+    folder, config = resolve_checkpoint(str(MODEL), [], ["data.eval_rows=5"])
+    assert folder == MODEL and config.model.path == str(MODEL.resolve()) and config.data.eval_rows == 5
 
     run_dir = tmp_path / "run"
-    (run_dir / "final").mkdir(parents=True)
+    run_dir.mkdir()
     (run_dir / "config.yaml").write_text(dump_config(small_config(tmp_path, "rollout.max_new_tokens=6")))
-    with pytest.raises(ConfigError, match="no final policy"):
-        resolve_checkpoint(str(run_dir), None, [])
-    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
-        (run_dir / "final" / name).write_bytes((model / name).read_bytes())
-    folder, config = resolve_checkpoint(str(run_dir), None, [])
-    assert folder == run_dir / "final" and config.rollout.max_new_tokens == 6  # the run's own config
+    with pytest.raises(ConfigError, match="no policy in"):
+        resolve_checkpoint(str(run_dir), [], [])
+    copy_model(run_dir / "final")
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("rollout:\n  temperature: 0.5\n")
+    folder, config = resolve_checkpoint(str(run_dir), [str(recipe)], [])
+    assert folder == run_dir / "final"
+    assert config.rollout.max_new_tokens == 6 and config.rollout.temperature == 0.5  # the run's, then the recipe
+
+    step = run_dir / "checkpoints" / "step_000002"
+    copy_model(step / "policy")
+    (step / "config.yaml").write_text(dump_config(small_config(tmp_path, "rollout.max_new_tokens=7")))
+    folder, config = resolve_checkpoint(str(step), [], [])
+    assert folder == step / "policy" and config.rollout.max_new_tokens == 7
 
     with pytest.raises(ConfigError, match="neither a model folder"):
-        resolve_checkpoint(str(tmp_path), None, [])
+        resolve_checkpoint(str(tmp_path), [], [])
 
 
 def test_the_command_exits_2_before_starting_ray(tmp_path, capsys):
     assert main(["--checkpoint", str(tmp_path)]) == 2
-    model = str(BUILTIN_ROOT / "arithmetic" / "model")
+    model = str(MODEL)
     assert main(["--checkpoint", model, "--temperature", "0.5"]) == 2  # a temperature without --k
     assert main(["--checkpoint", model, "data.eval=null"]) == 2
     assert "data.eval" in capsys.readouterr().err
