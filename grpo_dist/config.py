@@ -218,6 +218,23 @@ class TrainerConfig(Section):
     )
     weight_sync_bucket_mb: int = Field(512, ge=1, description="NCCL broadcast bucket size, MiB")
     progress: bool = Field(True, description="a progress bar; false: a console line every 10 steps")
+    loggers: list[Literal["jsonl", "tensorboard", "wandb"]] = Field(
+        ["jsonl", "tensorboard"],
+        description="metric sinks: jsonl (RUN_DIR/metrics.jsonl, always written), tensorboard (RUN_DIR/tensorboard), "
+        "wandb (needs the wandb package; WANDB_MODE=offline needs no network)",
+    )
+    wandb_project: str = Field("grpo_dist", description="wandb project; the wandb run is named after the run directory")
+    samples_every: int = Field(
+        10, ge=0, description="log prompts with their completions, rewards and advantages every N steps (0: never)"
+    )
+    samples_per_log: int = Field(2, ge=1, description="prompts per samples log, each with all its completions")
+
+    @field_validator("loggers")
+    @classmethod
+    def _loggers_installed(cls, value: list[str]) -> list[str]:
+        if "wandb" in value and importlib.util.find_spec("wandb") is None:
+            raise ValueError("wandb is not installed: pip install -e '.[wandb]', or leave wandb out of trainer.loggers")
+        return value
 
 
 class ClusterConfig(Section):

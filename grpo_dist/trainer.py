@@ -14,13 +14,14 @@ from typing import Any, TypeVar
 
 import ray
 from ray.util.placement_group import PlacementGroup, remove_placement_group
-from tqdm import tqdm
 
 from grpo_dist.config import Config, dump_config
 from grpo_dist.data import PromptCursor, build_prompts, read_jsonl
+from grpo_dist.eval import evaluate, held_out_prompts, standard_error
 from grpo_dist.learner.worker import Learner
-from grpo_dist.metrics import MetricsLog, console_line, plot_run, standard_error, write_json_atomic
+from grpo_dist.metrics import MetricsLog, engine_memory, write_json_atomic
 from grpo_dist.placement import in_bundle, rollout_placement_group
+from grpo_dist.report import write_report
 from grpo_dist.reward.worker import RewardWorker
 from grpo_dist.rollout.worker import RolloutWorker
 from grpo_dist.rollout.hf_engine import load_tokenizer
@@ -104,11 +105,8 @@ class Trainer:
         self.config = config
         self.run_dir = run_dir
         tokenizer = load_tokenizer(config.model.path)
-        template = config.data.prompt_template
-        self.train_prompts = build_prompts(read_jsonl(config.data.train), template, tokenizer)
-        eval_rows = read_jsonl(config.data.eval) if config.data.eval else []
-        eval_rows = eval_rows[: config.data.eval_rows] if config.data.eval_rows else eval_rows
-        self.eval_prompts = build_prompts(eval_rows, template, tokenizer)
+        self.train_prompts = build_prompts(read_jsonl(config.data.train), config.data.prompt_template, tokenizer)
+        self.eval_prompts = held_out_prompts(config.data, tokenizer)
         self.cursor = PromptCursor(self.train_prompts, config.trainer.seed)
         self.sampling = SamplingSettings(
             n=config.rollout.group_size,
@@ -140,7 +138,7 @@ class Trainer:
         started = time.time()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(dump_config(self.config))
-        log = MetricsLog(self.run_dir)
+        log = MetricsLog(self.run_dir, self.config, started)
         self.start()
         try:
             engines = sorted({d["engine"] for d in ray.get([w.describe.remote() for w in self.actors.rollouts])})
@@ -151,8 +149,9 @@ class Trainer:
             if self.config.trainer.save_final:
                 ray.get(self.actors.learner.save.remote(str(self.run_dir / "final")))
         finally:
+            log.close()
             self.stop()
-        plot_run(log.records, self.run_dir / "plot.png")
+        write_report(self.run_dir)
         summary = {
             "eval_accuracy_before": before,
             "eval_accuracy_after": after,
@@ -168,23 +167,16 @@ class Trainer:
 
     def train(self, log: MetricsLog, started: float) -> int:
         trainer = self.config.trainer
-        progress = tqdm(total=trainer.steps, desc="GRPO", disable=not trainer.progress, dynamic_ncols=True,
-                        mininterval=1.0)
         step = 0
         for step in range(1, trainer.steps + 1):
-            metrics = self.step(step)
-            log.write({"kind": "train", "step": step, "wall_s": round(time.time() - started, 2), **metrics})
-            progress.update(1)
-            progress.set_postfix_str(console_line(metrics), refresh=False)
-            if not trainer.progress and step % 10 == 0:
-                print(f"step {step:4d}  {console_line(metrics)}", flush=True)
+            log.log(step, self.step(step))
+            if log.wants_samples(step):
+                log.log_samples(step, self.last_groups)
             if trainer.eval_every and step % trainer.eval_every == 0 and step < trainer.steps:
-                accuracy = self.evaluate(step, log)
-                progress.write(f"step {step:4d}  held-out accuracy {accuracy:.3f}")
+                self.evaluate(step, log)
             if trainer.max_wall_seconds and time.time() - started > trainer.max_wall_seconds:
-                progress.write(f"stopping after {step} steps: max_wall_seconds={trainer.max_wall_seconds} reached")
+                log.note(f"stopping after {step} steps: max_wall_seconds={trainer.max_wall_seconds} reached")
                 break
-        progress.close()
         return step
 
     def step(self, step: int) -> dict[str, float]:
@@ -199,6 +191,7 @@ class Trainer:
         clock = time.perf_counter()
         groups, reward_stats = self.score(groups)
         timings["time/reward_s"] = time.perf_counter() - clock
+        self.last_groups = groups  # for the samples log
 
         clock = time.perf_counter()
         learner_metrics = ray.get(self.actors.learner.train_step.remote(groups))
@@ -209,7 +202,8 @@ class Trainer:
         self.broadcast_weights()
         timings["time/sync_s"] = time.perf_counter() - clock
         timings["time/step_s"] = sum(timings.values())
-        return {**self.rollout_metrics(groups, timings["time/generate_s"]), **reward_stats, **learner_metrics, **timings}
+        metrics = {**self.rollout_metrics(groups, timings["time/generate_s"]), **reward_stats, **learner_metrics}
+        return {**metrics, **timings, **engine_memory(self.actors.rollouts)}
 
     def generate(self, prompts: list[Prompt], sampling: SamplingSettings, step: int) -> list[Group]:
         """Split `prompts` over the rollout workers; prompt i of step `step` samples with its own seed."""
@@ -256,7 +250,7 @@ class Trainer:
             "reward/accuracy": sum(v >= 1.0 for v in accuracy_values) / len(accuracy_values),
             "rollout/completion_length": tokens / len(completions),
             "rollout/truncated_fraction": sum(c.finish_reason == "length" for c in completions) / len(completions),
-            "rollout/tokens_per_s": tokens / max(generate_s, 1e-9),
+            "system/generate_tokens_per_s": tokens / max(generate_s, 1e-9),
         }
         for name in groups[0].reward_parts:
             values = [v for g in groups for v in g.reward_parts[name]]
@@ -264,20 +258,9 @@ class Trainer:
         return metrics
 
     def evaluate(self, step: int, log: MetricsLog) -> float:
-        """Greedy accuracy on the held-out rows; logged with its standard error."""
+        """Greedy accuracy on the held-out rows (eval.evaluate, as `python -m grpo_dist.eval` runs it)."""
         if not self.eval_prompts:
             return float("nan")
-        clock = time.perf_counter()
-        greedy = SamplingSettings(n=1, temperature=0.0, max_new_tokens=self.config.rollout.max_new_tokens)
-        groups, _ = self.score(self.generate(self.eval_prompts, greedy, step))
-        values = [g.reward_parts[self.config.reward.accuracy_from][0] for g in groups]
-        accuracy = sum(v >= 1.0 for v in values) / len(values)
-        log.write({
-            "kind": "eval",
-            "step": step,
-            "eval/accuracy": accuracy,
-            "eval/accuracy_stderr": standard_error(accuracy, len(values)),
-            "eval/rows": len(values),
-            "time/eval_s": time.perf_counter() - clock,
-        })
-        return accuracy
+        metrics = evaluate(self.actors.rollouts, self.actors.rewards, self.eval_prompts, self.config)
+        log.log_eval(step, metrics)
+        return metrics["eval/accuracy"]

@@ -8,6 +8,7 @@ import ray
 import torch
 
 from grpo_dist.config import ModelConfig, RolloutConfig, resolve_path, vllm_installed
+from grpo_dist.metrics import peak_memory_mb
 from grpo_dist.rollout.engine import GenerationEngine
 from grpo_dist.rollout.hf_engine import HFEngine
 from grpo_dist.types import Group, Prompt, SamplingSettings
@@ -91,6 +92,10 @@ class RolloutWorker:
 
     def policy_version(self) -> int:
         return self.version
+
+    def memory_stats(self) -> dict[str, float]:
+        """This worker's peak memory, MiB (metrics.peak_memory_mb: CUDA allocations or peak RSS)."""
+        return {"peak_memory_mb": peak_memory_mb()}
 
     def describe(self) -> dict[str, Any]:
         """The engine built here and where this worker runs (for logs and placement checks)."""
