@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -257,6 +258,13 @@ class TrainerConfig(Section):
     output_dir: str = Field("runs", description="run directories are created here")
     run_name: str | None = Field(None, description="the run directory's name; null: the start time")
     save_final: bool = Field(True, description="save the final policy to RUN_DIR/final (atomically)")
+    checkpoint_every: int = Field(
+        50, ge=0, description="save a resumable checkpoint every N steps (0: only at the end and on SIGINT/SIGTERM)"
+    )
+    keep_checkpoints: int = Field(2, ge=1, description="keep the newest N checkpoints in RUN_DIR/checkpoints")
+    max_bad_steps: int = Field(
+        3, ge=1, description="stop the run after N steps in a row whose loss or gradient was not finite (each skipped)"
+    )
     verify_weight_sync: bool = Field(True, description="check every rollout worker's weight checksum each step")
     weight_sync: Literal["auto", "object_store", "nccl"] = Field(
         "auto", description="how weights reach the engines; auto: nccl with engine vllm and whole GPUs, else object_store"
@@ -266,11 +274,30 @@ class TrainerConfig(Section):
     )
     weight_sync_bucket_mb: int = Field(512, ge=1, description="NCCL broadcast bucket size, MiB")
     progress: bool = Field(True, description="a progress bar; false: a console line every 10 steps")
+    loggers: list[Literal["jsonl", "tensorboard", "wandb"]] = Field(
+        ["jsonl", "tensorboard"],
+        description="metric sinks: jsonl (RUN_DIR/metrics.jsonl, always written), tensorboard (RUN_DIR/tensorboard), "
+        "wandb (needs the wandb package; WANDB_MODE=offline needs no network)",
+    )
+    wandb_project: str = Field("grpo_dist", description="wandb project; the wandb run is named after the run directory")
+    samples_every: int = Field(
+        10, ge=0, description="log prompts with their completions, rewards and advantages every N steps (0: never)"
+    )
+    samples_per_log: int = Field(2, ge=1, description="prompts per samples log, each with all its completions")
+
+    @field_validator("loggers")
+    @classmethod
+    def _loggers_installed(cls, value: list[str]) -> list[str]:
+        if "wandb" in value and importlib.util.find_spec("wandb") is None:
+            raise ValueError("wandb is not installed: pip install -e '.[wandb]', or leave wandb out of trainer.loggers")
+        return value
 
 
 class ClusterConfig(Section):
     address: str | None = Field(
-        None, description="null: join a running cluster, else start one; 'local': always start one; else join this"
+        None,
+        description="null: join the running cluster (RAY_ADDRESS, else `ray start`'s) if it answers, else start a "
+        "local one; 'local': always start one; 'auto', host:port or ray://host:port: join it, fail if it is down",
     )
     num_cpus: int | None = Field(None, ge=1, description="CPUs of a locally started cluster")
     namespace: str = Field("grpo_dist", description="Ray namespace of the run's actors")
@@ -374,20 +401,34 @@ def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Read a YAML recipe (or the built-in default when `path` is None) and apply overrides."""
-    tree: dict[str, Any] = {}
-    if path is not None:
-        try:
-            tree = yaml.safe_load(Path(path).read_text()) or {}
-        except FileNotFoundError:
-            raise ConfigError(f"config file not found: {path}") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
-        if not isinstance(tree, dict):
-            raise ConfigError(f"config file {path} must hold a mapping of sections")
+def read_recipe(path: str | Path) -> dict[str, Any]:
+    """One YAML recipe as a nested dict; ConfigError when it is missing or not a mapping."""
+    try:
+        tree = yaml.safe_load(Path(path).read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+    if not isinstance(tree, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of sections")
+    return tree
+
+
+def load_config(paths: str | Path | Sequence[str | Path] | None = None, overrides: Sequence[str] = (),
+                base: dict[str, Any] | None = None) -> Config:
+    """Compose YAML recipes (later files override earlier ones) over the defaults, then overrides.
+
+    `paths` is one recipe, several, or None (the built-in default). `base` (a resolved config,
+    say a checkpoint's) replaces the defaults underneath the recipes.
+    """
+    if paths is None:
+        paths = []
+    elif isinstance(paths, (str, Path)):
+        paths = [paths]
     # overrides apply to the defaults too, so `reward.functions.0.weight=2` works without a file
-    tree = deep_merge(Config().model_dump(mode="json"), tree)
+    tree = deep_merge(Config().model_dump(mode="json"), base or {})
+    for path in paths:
+        tree = deep_merge(tree, read_recipe(path))
     for assignment in overrides:
         apply_override(tree, assignment)
     try:

@@ -60,6 +60,20 @@ class PromptCursor(Generic[T]):
         random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
         return order
 
+    def state(self) -> dict[str, int]:
+        """Where the cursor stands, for a checkpoint; `restore` continues from here."""
+        return {"seed": self.seed, "epoch": self.epoch, "position": self.position, "rows": len(self.rows)}
+
+    def restore(self, state: dict[str, int]) -> None:
+        """Continue from `state()` of a cursor over the same rows with the same seed."""
+        if (state["seed"], state["rows"]) != (self.seed, len(self.rows)):
+            raise ValueError(
+                f"the checkpoint's data cursor walked {state['rows']} rows with seed {state['seed']}; "
+                f"this run has {len(self.rows)} rows with seed {self.seed}"
+            )
+        self.epoch, self.position = state["epoch"], state["position"]
+        self._order = self._shuffled(self.epoch)
+
     def next_batch(self, size: int) -> list[T]:
         batch = []
         while len(batch) < size:

@@ -1,17 +1,38 @@
-"""Run outputs: metrics.jsonl, a console line per step, the reward/accuracy plot, summary.json."""
+"""Run outputs: the metric sinks, sample completions, memory peaks, summary.json.
+
+Every metric reaches every configured sink under one name, grouped by what it measures
+(reward/, loss/, policy/, rollout/, time/, system/, eval/; docs/observability.md):
+
+    console        a progress bar with a few key numbers (or a line every 10 steps)
+    jsonl          RUN_DIR/metrics.jsonl, one object per step and per evaluation; always on
+    tensorboard    RUN_DIR/tensorboard/, scalars and the samples as text
+    wandb          a wandb run in RUN_DIR/wandb/ (optional package; WANDB_MODE=offline works offline)
+
+Samples (a few prompts with their completions, rewards and advantages) go to
+RUN_DIR/samples.jsonl and to the TensorBoard and wandb sinks.
+"""
 
 from __future__ import annotations
 
 import json
-import math
 import os
+import resource
+import sys
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+
+import torch
+from tqdm import tqdm
+
+from grpo_dist import grpo
+from grpo_dist.config import Config
+from grpo_dist.types import Group
 
 CONSOLE_KEYS = (
     ("reward/mean", "reward"),
     ("reward/accuracy", "acc"),
-    ("learner/kl", "kl"),
+    ("loss/kl", "kl"),
     ("rollout/completion_length", "len"),
     ("time/step_s", "s/step"),
 )
@@ -24,55 +45,201 @@ def write_json_atomic(path: Path, data: Any) -> None:
     os.replace(staging, path)
 
 
-def standard_error(accuracy: float, n: int) -> float:
-    return math.sqrt(max(accuracy * (1 - accuracy), 0.0) / max(n, 1))
-
-
 def console_line(metrics: dict[str, float]) -> str:
     return " ".join(f"{label}={metrics[key]:.3g}" for key, label in CONSOLE_KEYS if key in metrics)
 
 
-class MetricsLog:
-    """Appends one JSON object per step (and per evaluation) to run_dir/metrics.jsonl."""
+def peak_memory_mb() -> float:
+    """This process's peak memory in MiB: torch's CUDA allocations where CUDA is in use, else
+    the peak resident set (ru_maxrss: KiB on Linux, bytes on macOS)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.cuda.max_memory_allocated() / 2**20
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
 
-    def __init__(self, run_dir: Path) -> None:
-        self.path = run_dir / "metrics.jsonl"
-        self.records: list[dict[str, Any]] = []
 
-    def write(self, record: dict[str, Any]) -> None:
-        self.records.append(record)
-        with self.path.open("a") as handle:
+def sample_records(groups: list[Group], step: int, scale: grpo.AdvantageScale) -> list[dict[str, Any]]:
+    """One record per group: the prompt, its row, and every completion with its reward and
+    advantage (grpo.group_advantages over the group's rewards, as the learner computes them)."""
+    records = []
+    for group in groups:
+        advantages = grpo.group_advantages(torch.tensor(group.rewards), len(group.rewards), scale=scale)
+        completions = [
+            {
+                "text": completion.text,
+                "reward": group.rewards[i],
+                "advantage": advantages[i].item(),
+                "reward_parts": {name: values[i] for name, values in group.reward_parts.items()},
+                "tokens": len(completion.token_ids),
+                "finish_reason": completion.finish_reason,
+            }
+            for i, completion in enumerate(group.completions)
+        ]
+        records.append({"step": step, "policy_version": group.policy_version, "prompt_index": group.prompt_index,
+                        "prompt": group.prompt, "row": group.row, "completions": completions})
+    return records
+
+
+def samples_markdown(records: list[dict[str, Any]]) -> str:
+    """The samples as markdown tables (TensorBoard's text panel renders them)."""
+
+    def cell(text: str) -> str:
+        return "`" + text.replace("`", "'").replace("|", "\\|").replace("\n", " ⏎ ") + "`"
+
+    parts = []
+    for record in records:
+        parts.append(f"**prompt** {cell(record['prompt'])} (policy version {record['policy_version']})\n\n"
+                     "| # | reward | advantage | completion |\n|---|---|---|---|")
+        parts.extend(f"| {i} | {c['reward']:.3g} | {c['advantage']:+.3f} | {cell(c['text'])} |"
+                     for i, c in enumerate(record["completions"]))
+        parts.append("")
+    return "\n".join(parts)
+
+
+class Sink(Protocol):
+    def scalars(self, kind: str, step: int, metrics: dict[str, float]) -> None: ...
+
+    def samples(self, step: int, records: list[dict[str, Any]]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class JsonlSink:
+    """metrics.jsonl: {"kind": "train"|"eval", "step", "wall_s", **metrics} per line;
+    samples.jsonl: one sample record (see `sample_records`) per line."""
+
+    def __init__(self, run_dir: Path, started: float) -> None:
+        self.metrics_path, self.samples_path = run_dir / "metrics.jsonl", run_dir / "samples.jsonl"
+        self.started = started
+
+    def scalars(self, kind: str, step: int, metrics: dict[str, float]) -> None:
+        record = {"kind": kind, "step": step, "wall_s": round(time.time() - self.started, 2), **metrics}
+        with self.metrics_path.open("a") as handle:
             handle.write(json.dumps(record) + "\n")
 
+    def samples(self, step: int, records: list[dict[str, Any]]) -> None:
+        with self.samples_path.open("a") as handle:
+            handle.writelines(json.dumps(record) + "\n" for record in records)
 
-def plot_run(records: list[dict[str, Any]], path: Path) -> None:
-    """Training reward and accuracy per step, with the held-out evaluations as points."""
-    import matplotlib
+    def close(self) -> None:
+        pass
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    train = [r for r in records if r.get("kind") == "train"]
-    evals = [r for r in records if r.get("kind") == "eval"]
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    steps = [r["step"] for r in train]
-    ax.plot(steps, [r["reward/mean"] for r in train], label="train reward (mean)", alpha=0.8)
-    ax.plot(steps, [r["reward/accuracy"] for r in train], "--", label="train accuracy (sampled)", alpha=0.8)
-    if evals:
-        ax.errorbar(
-            [r["step"] for r in evals],
-            [r["eval/accuracy"] for r in evals],
-            yerr=[r["eval/accuracy_stderr"] for r in evals],
-            fmt="o-",
-            color="black",
-            capsize=3,
-            label="held-out accuracy (greedy)",
-        )
-    ax.set_xlabel("GRPO step")
-    ax.set_ylim(0, 1.05)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
-    ax.set_title("grpo_dist: reward and accuracy per step")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+class ConsoleSink:
+    """A tqdm bar over the training steps with the CONSOLE_KEYS, or (progress off) a line
+    every 10 steps; a line per evaluation either way."""
+
+    def __init__(self, steps: int, progress: bool) -> None:
+        self.steps, self.progress = steps, progress
+        self.bar: tqdm | None = None
+
+    def scalars(self, kind: str, step: int, metrics: dict[str, float]) -> None:
+        if kind == "eval":
+            self.note(f"step {step:4d}  held-out accuracy {metrics['eval/accuracy']:.3f}"
+                      f" ± {metrics['eval/accuracy_stderr']:.3f} ({metrics['eval/rows']} rows)")
+        elif self.progress:
+            if self.bar is None:
+                self.bar = tqdm(total=self.steps, desc="GRPO", dynamic_ncols=True, mininterval=1.0)
+            self.bar.update(step - self.bar.n)
+            self.bar.set_postfix_str(console_line(metrics), refresh=False)
+        elif step % 10 == 0:
+            print(f"step {step:4d}  {console_line(metrics)}", flush=True)
+
+    def note(self, message: str) -> None:
+        if self.bar is not None:
+            tqdm.write(message)
+        else:
+            print(message, flush=True)
+
+    def samples(self, step: int, records: list[dict[str, Any]]) -> None:
+        pass
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+class TensorBoardSink:
+    """Scalars under the metric names, samples as a markdown text summary named "samples"."""
+
+    def __init__(self, run_dir: Path) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+
+    def scalars(self, kind: str, step: int, metrics: dict[str, float]) -> None:
+        for name, value in metrics.items():
+            self.writer.add_scalar(name, value, step)
+        self.writer.flush()
+
+    def samples(self, step: int, records: list[dict[str, Any]]) -> None:
+        self.writer.add_text("samples", samples_markdown(records), step)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandbSink:
+    """A wandb run named after the run directory, its files in RUN_DIR/wandb; the mode
+    (online, offline) is wandb's own setting (WANDB_MODE)."""
+
+    def __init__(self, run_dir: Path, config: Config) -> None:
+        import wandb
+
+        self.wandb = wandb
+        self.run = wandb.init(project=config.trainer.wandb_project, name=run_dir.name, dir=str(run_dir),
+                              config=config.model_dump(mode="json"))
+
+    def scalars(self, kind: str, step: int, metrics: dict[str, float]) -> None:
+        self.run.log(metrics, step=step)
+
+    def samples(self, step: int, records: list[dict[str, Any]]) -> None:
+        columns = ["policy_version", "prompt", "completion", "reward", "advantage"]
+        rows = [[r["policy_version"], r["prompt"], c["text"], c["reward"], c["advantage"]]
+                for r in records for c in r["completions"]]
+        self.run.log({"samples": self.wandb.Table(columns=columns, data=rows)}, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class MetricsLog:
+    """The one object the trainer logs through: it fans every call out to the configured sinks."""
+
+    def __init__(self, run_dir: Path, config: Config, started: float | None = None) -> None:
+        trainer = config.trainer
+        self.config = config
+        self.console = ConsoleSink(trainer.steps, trainer.progress)
+        self.sinks: list[Sink] = [self.console, JsonlSink(run_dir, started or time.time())]
+        if "tensorboard" in trainer.loggers:
+            self.sinks.append(TensorBoardSink(run_dir))
+        if "wandb" in trainer.loggers:
+            self.sinks.append(WandbSink(run_dir, config))
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        """A training step's metrics."""
+        for sink in self.sinks:
+            sink.scalars("train", step, metrics)
+
+    def log_eval(self, step: int, metrics: dict[str, float]) -> None:
+        """An evaluation's metrics (eval.evaluate), at the step whose weights were evaluated."""
+        for sink in self.sinks:
+            sink.scalars("eval", step, metrics)
+
+    def wants_samples(self, step: int) -> bool:
+        every = self.config.trainer.samples_every
+        return every > 0 and step % every == 0
+
+    def log_samples(self, step: int, groups: list[Group]) -> None:
+        """The first `trainer.samples_per_log` of a step's scored groups."""
+        records = sample_records(groups[: self.config.trainer.samples_per_log], step, self.config.algo.advantage_scale)
+        for sink in self.sinks:
+            sink.samples(step, records)
+
+    def note(self, message: str) -> None:
+        """A line on the console that does not break the progress bar."""
+        self.console.note(message)
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()

@@ -212,7 +212,8 @@ class RolloutPipeline:
         tokens = sum(stat["tokens"] for stat in stats)
         return {"time/generate_s": generate_s, "time/reward_s": busiest("score_s", stats, "reward"),
                 "time/sync_s": busiest("load_s", infos, "worker"),
-                "system/generate_tokens_per_s": tokens / max(generate_s, 1e-9)}
+                "system/generate_tokens_per_s": tokens / max(generate_s, 1e-9),
+                "system/engine_peak_memory_mb": max(info["peak_memory_mb"] for info in infos)}
 
     def buffer_depth(self, batches: Iterable[Batch], prompts_per_step: int) -> float:
         """Scored groups waiting for the learner, in batches: the chunks of `batches` that are done."""

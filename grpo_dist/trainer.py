@@ -26,22 +26,20 @@ from typing import Any
 
 import ray
 from ray.util.placement_group import PlacementGroup, remove_placement_group
-from tqdm import tqdm
 
-from grpo_dist.chunk_stats import add
 from grpo_dist.config import Config, dump_config
 from grpo_dist.data import PromptCursor, build_prompts, read_jsonl
+from grpo_dist.eval import evaluate, held_out_prompts, standard_error
 from grpo_dist.learner.worker import Learner
-from grpo_dist.metrics import MetricsLog, console_line, plot_run, standard_error, write_json_atomic
+from grpo_dist.metrics import MetricsLog, write_json_atomic
 from grpo_dist.pipeline import BY_REFERENCE, Batch, RolloutPipeline, fetch
 from grpo_dist.placement import create_placement_group, roles, unplaced
+from grpo_dist.report import write_report
 from grpo_dist.reward.worker import RewardWorker
 from grpo_dist.rollout.hf_engine import load_tokenizer
 from grpo_dist.rollout.worker import RolloutWorker
 from grpo_dist.types import Group, Prompt, SamplingSettings
 from grpo_dist.weights import WeightSync, WeightSyncError, make_weight_sync
-
-EVAL_CHUNK_PROMPTS = 256  # evaluation needs no streaming to a learner: fewer, larger engine calls
 
 
 @dataclass
@@ -107,11 +105,8 @@ class Trainer:
         self.config = config
         self.run_dir = run_dir
         tokenizer = load_tokenizer(config.model.path)
-        template = config.data.prompt_template
-        self.train_prompts = build_prompts(read_jsonl(config.data.train), template, tokenizer)
-        eval_rows = read_jsonl(config.data.eval) if config.data.eval else []
-        eval_rows = eval_rows[: config.data.eval_rows] if config.data.eval_rows else eval_rows
-        self.eval_prompts = build_prompts(eval_rows, template, tokenizer)
+        self.train_prompts = build_prompts(read_jsonl(config.data.train), config.data.prompt_template, tokenizer)
+        self.eval_prompts = held_out_prompts(config.data, tokenizer)
         self.cursor = PromptCursor(self.train_prompts, config.trainer.seed)
         self.sampling = SamplingSettings(
             n=config.rollout.group_size,
@@ -155,7 +150,7 @@ class Trainer:
         started = time.time()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(dump_config(self.config))
-        log = MetricsLog(self.run_dir)
+        log = MetricsLog(self.run_dir, self.config, started)
         self.start()
         try:
             engines = sorted({d["engine"] for d in self.call([w.describe.remote() for w in self.actors.rollouts],
@@ -167,8 +162,9 @@ class Trainer:
             if self.config.trainer.save_final:
                 self.call([self.actors.learner.save.remote(str(self.run_dir / "final"))], "learner: save")
         finally:
+            log.close()
             self.stop()
-        plot_run(log.records, self.run_dir / "plot.png")
+        write_report(self.run_dir)
         summary = {
             "eval_accuracy_before": before,
             "eval_accuracy_after": after,
@@ -186,25 +182,18 @@ class Trainer:
 
     def train(self, log: MetricsLog, started: float) -> int:
         trainer = self.config.trainer
-        progress = tqdm(total=trainer.steps, desc="GRPO", disable=not trainer.progress, dynamic_ncols=True,
-                        mininterval=1.0)
         step = 0
         self.step_clock = time.perf_counter()
         for step in range(1, trainer.steps + 1):
-            metrics = self.step(step)
-            log.write({"kind": "train", "step": step, "wall_s": round(time.time() - started, 2), **metrics})
-            progress.update(1)
-            progress.set_postfix_str(console_line(metrics), refresh=False)
-            if not trainer.progress and step % 10 == 0:
-                print(f"step {step:4d}  {console_line(metrics)}", flush=True)
+            log.log(step, self.step(step))
+            if log.wants_samples(step):
+                log.log_samples(step, self.sample_groups(trainer.samples_per_log))
             if trainer.eval_every and step % trainer.eval_every == 0 and step < trainer.steps:
-                accuracy = self.evaluate(step, log)
-                progress.write(f"step {step:4d}  held-out accuracy {accuracy:.3f}")
+                self.evaluate(step, log)
                 self.step_clock = time.perf_counter()  # a step's time leaves the evaluation out
             if trainer.max_wall_seconds and time.time() - started > trainer.max_wall_seconds:
-                progress.write(f"stopping after {step} steps: max_wall_seconds={trainer.max_wall_seconds} reached")
+                log.note(f"stopping after {step} steps: max_wall_seconds={trainer.max_wall_seconds} reached")
                 break
-        progress.close()
         self.discard_in_flight()
         self.verify_pushed(self.version)
         return step
@@ -293,24 +282,22 @@ class Trainer:
         names = [names] * len(refs) if isinstance(names, str) else names
         return fetch(refs, names, self.config.trainer.call_timeout_s)
 
+    def sample_groups(self, count: int) -> list[Group]:
+        """The first `count` groups of the latest batch, fetched into the driver (the samples log)."""
+        groups: list[Group] = []
+        for ref in self.last_groups:
+            if len(groups) >= count:
+                break
+            groups += self.call([ref], "reward actor: scored groups")[0]
+        return groups
+
     def evaluate(self, step: int, log: MetricsLog) -> float:
-        """Greedy accuracy on the held-out rows; logged with its standard error.
+        """Greedy accuracy on the held-out rows (eval.evaluate, as `python -m grpo_dist.eval` runs it).
 
         Its engine calls queue behind the latest weight push, so it measures version `self.version`.
         """
         if not self.eval_prompts:
             return float("nan")
-        clock = time.perf_counter()
-        greedy = SamplingSettings(n=1, temperature=0.0, max_new_tokens=self.config.rollout.max_new_tokens)
-        batch = self.pipeline.submit(step, self.eval_prompts, greedy, chunk_prompts=EVAL_CHUNK_PROMPTS)
-        total = add(self.pipeline.collect(batch, self.version).stats)
-        accuracy = total["correct"] / total["completions"]
-        log.write({
-            "kind": "eval",
-            "step": step,
-            "eval/accuracy": accuracy,
-            "eval/accuracy_stderr": standard_error(accuracy, len(self.eval_prompts)),
-            "eval/rows": len(self.eval_prompts),
-            "time/eval_s": time.perf_counter() - clock,
-        })
-        return accuracy
+        metrics = evaluate(self.actors.rollouts, self.actors.rewards, self.eval_prompts, self.config)
+        log.log_eval(step, metrics)
+        return metrics["eval/accuracy"]

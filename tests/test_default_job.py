@@ -23,5 +23,5 @@ def test_launch_learns_the_default_task_with_transformers_rollouts(tmp_path):
     evals = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
              if '"kind": "eval"' in line]
     assert [e["step"] for e in evals] == [0, 20, 40]
-    assert (run_dir / "plot.png").is_file() and (run_dir / "final" / "config.json").is_file()
+    assert (run_dir / "report.png").is_file() and (run_dir / "final" / "config.json").is_file()
     assert "held-out accuracy" in result.stdout + result.stderr

@@ -9,6 +9,7 @@ import ray
 import torch
 
 from grpo_dist.config import ModelConfig, RolloutConfig, resolve_path, vllm_installed
+from grpo_dist.metrics import peak_memory_mb
 from grpo_dist.rollout.engine import GenerationEngine
 from grpo_dist.rollout.hf_engine import HFEngine
 from grpo_dist.types import Group, Prompt, SamplingSettings
@@ -69,11 +70,12 @@ class RolloutWorker:
     def generate_chunk(self, prompts: list[Prompt], sampling: SamplingSettings,
                        seeds: list[int]) -> tuple[list[Group], dict[str, float]]:
         """`generate`, and what the controller needs to know about the call, small: the policy
-        version, when it ran, and the weight loading that came before it (pipeline.py)."""
+        version, when it ran, the weight loading that came before it, and the worker's peak
+        memory (pipeline.py)."""
         started = time.time()
         groups = self.generate(prompts, sampling, seeds)
         info = {"policy_version": float(self.version), "start": started, "generate_s": time.time() - started,
-                "load_s": self.load_s}
+                "load_s": self.load_s, "peak_memory_mb": peak_memory_mb()}
         self.load_s = 0.0
         return groups, info
 

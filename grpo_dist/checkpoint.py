@@ -1,0 +1,245 @@
+"""Run checkpoints: everything a resume needs, written atomically, the newest few kept.
+
+    RUN_DIR/checkpoints/step_000123/
+        policy/ ...           the learner's share (`Learner.save_state`): HF policy, optimizer,
+                              scheduler, RNG states, version
+        trainer_state.json    the driver's share: step, policy version, data cursor, counters
+        metrics.jsonl         a copy of RUN_DIR/metrics.jsonl as it was at this step
+        config.yaml           the resolved config of the run
+        COMPLETE              the manifest (every file and its size), written last
+
+A checkpoint is written into a hidden staging folder beside its final place and renamed
+into place once COMPLETE is on disk, so a crash during the write leaves the previous
+checkpoint as it was; the staging leftovers are removed by the next save. Nothing here
+starts Ray: the caller passes the learner's save as a function of the staging folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from grpo_dist.config import Config, dump_config
+
+CHECKPOINTS = "checkpoints"
+PREFIX = "step_"
+MANIFEST = "COMPLETE"
+TRAINER_STATE = "trainer_state.json"
+METRICS = "metrics.jsonl"
+CONFIG = "config.yaml"
+
+# Fields that may differ between a checkpoint's config and the resumed run's: how long to
+# run, how often to evaluate and save, where things run, and the evaluation set. Every other
+# field decides what is trained, so a resume keeps it (named by dotted path or section).
+RESUMABLE = (
+    "trainer.steps", "trainer.max_wall_seconds", "trainer.eval_every", "trainer.output_dir",
+    "trainer.run_name", "trainer.save_final", "trainer.progress", "trainer.checkpoint_every",
+    "trainer.keep_checkpoints", "trainer.max_bad_steps", "trainer.verify_weight_sync",
+    "trainer.weight_sync", "trainer.weight_sync_timeout_s", "trainer.weight_sync_bucket_mb",
+    "cluster", "learner", "data.eval", "data.eval_rows",
+    "rollout.engine", "rollout.placement", "rollout.num_workers", "rollout.num_cpus",
+    "rollout.num_gpus", "rollout.threads", "rollout.vllm",
+    "reward.num_workers", "reward.num_cpus", "reward.num_gpus", "reward.processes",
+)
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be resumed from; the message says which and why."""
+
+
+@dataclass
+class TrainerState:
+    """The driver's share of a checkpoint (trainer_state.json)."""
+
+    step: int  # the last completed step; a resume continues at step + 1
+    policy_version: int  # the learner's version after that step
+    cursor: dict[str, int]  # PromptCursor.state(): the next prompt is the one after these
+    counters: dict[str, float] = field(default_factory=dict)  # restarts, retries, skipped steps, ...
+
+
+@dataclass
+class Checkpoint:
+    """A complete checkpoint read back: where it is, the driver's state and the config it ran."""
+
+    path: Path
+    state: TrainerState
+    config: dict[str, Any]
+
+    @classmethod
+    def load(cls, path: Path) -> Checkpoint:
+        check_complete(path)
+        state = TrainerState(**json.loads((path / TRAINER_STATE).read_text()))
+        return cls(path, state, yaml.safe_load((path / CONFIG).read_text()))
+
+    def restore_metrics(self, run_dir: Path) -> None:
+        """Put the checkpoint's metrics.jsonl back, so the run's log continues from this step."""
+        copy_atomic(self.path / METRICS, run_dir / METRICS)
+
+
+def step_dir(run_dir: Path, step: int) -> Path:
+    return run_dir / CHECKPOINTS / f"{PREFIX}{step:06d}"
+
+
+def checkpoints(run_dir: Path) -> list[Path]:
+    """The step folders of a run, oldest first (staging folders are hidden, so not listed)."""
+    folder = run_dir / CHECKPOINTS
+    found = [p for p in folder.glob(f"{PREFIX}*") if p.is_dir() and p.name[len(PREFIX):].isdigit()]
+    return sorted(found, key=lambda p: int(p.name[len(PREFIX):]))
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest step folder of a run, complete or not (see `check_complete`)."""
+    found = checkpoints(run_dir)
+    return found[-1] if found else None
+
+
+def check_complete(path: Path) -> None:
+    """Raise CheckpointError unless every file in the manifest is there with its size."""
+    manifest = path / MANIFEST
+    if not manifest.is_file():
+        raise CheckpointError(f"checkpoint {path} is incomplete: no {MANIFEST} manifest")
+    try:
+        sizes = json.loads(manifest.read_text())["files"]
+    except (ValueError, KeyError) as exc:
+        raise CheckpointError(f"checkpoint {path} is incomplete: unreadable {MANIFEST} ({exc})") from None
+    for name, size in sizes.items():
+        file = path / name
+        if not file.is_file() or file.stat().st_size != size:
+            found = file.stat().st_size if file.is_file() else "missing"
+            raise CheckpointError(f"checkpoint {path} is incomplete: {name} is {found}, the manifest says {size} bytes")
+
+
+def is_complete(path: Path) -> bool:
+    try:
+        check_complete(path)
+    except CheckpointError:
+        return False
+    return True
+
+
+def save_checkpoint(run_dir: Path, state: TrainerState, config: Config,
+                    save_learner: Callable[[Path], None], keep: int) -> Path:
+    """Write a checkpoint of `state.step` atomically; keep the newest `keep` checkpoints.
+
+    `save_learner(folder)` writes the learner's share into the staging folder (for a Ray
+    learner: `ray.get(learner.save_state.remote(str(folder)))`; the folder must be on storage
+    the learner's node shares with the driver).
+    """
+    folder = run_dir / CHECKPOINTS
+    folder.mkdir(parents=True, exist_ok=True)
+    remove_leftovers(folder)
+    target = step_dir(run_dir, state.step)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=folder))
+    save_learner(staging)
+    (staging / TRAINER_STATE).write_text(json.dumps(asdict(state), indent=2) + "\n")
+    (staging / CONFIG).write_text(dump_config(config))
+    if (run_dir / METRICS).is_file():
+        shutil.copyfile(run_dir / METRICS, staging / METRICS)
+    write_manifest(staging)
+    if target.exists():  # the same step saved again (say, on SIGTERM right after a save)
+        discard(target)
+    os.rename(staging, target)
+    fsync_dir(folder)
+    for old in checkpoints(run_dir)[:-keep]:
+        discard(old)
+    return target
+
+
+def write_manifest(folder: Path) -> None:
+    """Flush every file to disk, then write COMPLETE listing them with their sizes."""
+    sizes = {}
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        with path.open("rb") as handle:
+            os.fsync(handle.fileno())
+        sizes[str(path.relative_to(folder))] = path.stat().st_size
+    with (folder / MANIFEST).open("w") as handle:
+        handle.write(json.dumps({"files": sizes}, indent=1) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def discard(path: Path) -> None:
+    """Delete a checkpoint: hide it by a rename first, so no half-deleted step folder remains."""
+    hidden = path.with_name(f".deleting.{path.name}")
+    os.rename(path, hidden)
+    shutil.rmtree(hidden)
+
+
+def remove_leftovers(folder: Path) -> None:
+    """Delete hidden staging and half-deleted folders left by a crash (one writer per run)."""
+    for path in folder.glob(".*"):
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+
+
+def fsync_dir(path: Path) -> None:
+    handle = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(handle)
+    finally:
+        os.close(handle)
+
+
+def copy_atomic(source: Path, target: Path) -> None:
+    staging = target.with_name(f".{target.name}.tmp")
+    shutil.copyfile(source, staging)
+    os.replace(staging, target)
+
+
+def find_run(output_dir: Path) -> Path:
+    """`--resume auto`: the run in `output_dir` whose newest checkpoint is complete and newest."""
+    candidates = []
+    for run in output_dir.iterdir() if output_dir.is_dir() else []:
+        latest = latest_checkpoint(run) if run.is_dir() else None
+        if latest is not None and is_complete(latest):
+            candidates.append(((latest / MANIFEST).stat().st_mtime, run))
+    if not candidates:
+        raise CheckpointError(f"--resume auto: no run in {output_dir} has a complete checkpoint")
+    return max(candidates)[1]
+
+
+def resume_checkpoint(run_dir: Path) -> Checkpoint:
+    """The checkpoint `--resume RUN_DIR` continues from: the run's newest, which must be complete."""
+    latest = latest_checkpoint(run_dir)
+    if latest is None:
+        raise CheckpointError(f"--resume {run_dir}: no checkpoint in {run_dir / CHECKPOINTS}")
+    return Checkpoint.load(latest)
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{'a': {'b': 1}} -> {'a.b': 1}; lists stay whole values."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def resumable(key: str) -> bool:
+    return any(key == name or key.startswith(name + ".") for name in RESUMABLE)
+
+
+def check_resume_config(saved: dict[str, Any], config: Config) -> None:
+    """Raise CheckpointError naming every field that differs from the checkpoint's and may not.
+
+    Fields only one side knows (added or removed by an upgrade) are not compared.
+    """
+    old, new = flatten(saved), flatten(config.model_dump(mode="json"))
+    changed = [key for key in old.keys() & new.keys() if old[key] != new[key] and not resumable(key)]
+    if changed:
+        details = "; ".join(f"{key}: {old[key]!r} in the checkpoint, {new[key]!r} now" for key in sorted(changed))
+        raise CheckpointError(
+            f"cannot resume with a different {', '.join(sorted(changed))} ({details}): these fields decide what "
+            "is trained; drop the override, or start a new run"
+        )

@@ -1,0 +1,80 @@
+"""Fault injection on a real local Ray cluster: find an actor's process by its title, kill it.
+
+Ray titles an actor's worker process `ray::ClassName` (idle) or `ray::ClassName.method`
+(busy). A local cluster is made of descendants of the driver that started it (the test
+process, or a `python -m grpo_dist.launch` subprocess), so searching below that pid finds
+the run's own actors and never another program's.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import psutil
+
+
+def title(process: psutil.Process) -> str:
+    """The process title (Ray rewrites argv), or "" for a process that is gone."""
+    try:
+        return " ".join(process.cmdline()).strip()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return ""
+
+
+def actor_processes(class_name: str, root_pid: int | None = None) -> list[psutil.Process]:
+    """Live descendants of `root_pid` (default: this process) titled `ray::<class_name>[.method]`."""
+    return [p for p in psutil.Process(root_pid or os.getpid()).children(recursive=True)
+            if title(p) == f"ray::{class_name}" or title(p).startswith(f"ray::{class_name}.")]
+
+
+def signal_actor(class_name: str, sig: int, root_pid: int | None = None, timeout_s: float = 30.0) -> int:
+    """Send `sig` to one `ray::<class_name>` process below `root_pid`; returns its pid.
+
+    Of several, one busy in a method call (titled `ray::<class_name>.<method>`) is chosen, then
+    the lowest pid. Waits up to `timeout_s` for such a process to appear (actors start lazily).
+    """
+    deadline = time.monotonic() + timeout_s
+    while not (found := actor_processes(class_name, root_pid)):
+        if time.monotonic() > deadline:
+            raise LookupError(f"no ray::{class_name} process below pid {root_pid or os.getpid()}")
+        time.sleep(0.2)
+    victim = min(found, key=lambda p: (not title(p).startswith(f"ray::{class_name}."), p.pid)).pid
+    os.kill(victim, sig)
+    return victim
+
+
+def kill_actor(class_name: str, root_pid: int | None = None, timeout_s: float = 30.0) -> int:
+    """kill -9 one `ray::<class_name>` process and wait until it is gone; returns its pid."""
+    pid = signal_actor(class_name, signal.SIGKILL, root_pid, timeout_s)
+    try:
+        psutil.Process(pid).wait(timeout=10)
+    except psutil.NoSuchProcess:
+        pass
+    return pid
+
+
+def freeze_actor(class_name: str, root_pid: int | None = None, timeout_s: float = 30.0) -> int:
+    """SIGSTOP one `ray::<class_name>` process: a hung engine that never answers; returns its pid.
+
+    The caller ends the freeze (os.kill(pid, SIGCONT)) or the process (SIGKILL) when done.
+    """
+    return signal_actor(class_name, signal.SIGSTOP, root_pid, timeout_s)
+
+
+def wait_restarted(class_name: str, old_pid: int, root_pid: int | None = None, count: int = 1,
+                   timeout_s: float = 60.0) -> list[int]:
+    """Wait until `count` `ray::<class_name>` processes run and `old_pid` is not one; returns their pids.
+
+    `count` is how many actors of the class the run has. A process is there once Ray has
+    restarted the actor's worker; its constructor may still be running, so call a method
+    (ray.get) before relying on its state.
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        pids = [p.pid for p in actor_processes(class_name, root_pid)]
+        if len(pids) >= count and old_pid not in pids:
+            return pids
+        time.sleep(0.2)
+    raise TimeoutError(f"ray::{class_name} was not restarted within {timeout_s:.0f} s (old pid {old_pid})")

@@ -1,0 +1,46 @@
+"""The run report: a PNG from metrics.jsonl, with or without every metric it can show."""
+
+import json
+import math
+
+from grpo_dist.report import main, write_report
+
+STAGES = ("time/generate_s", "time/reward_s", "time/learn_s", "time/sync_s")
+
+
+def write_metrics(run_dir, steps, names):
+    """A metrics.jsonl like a run's: an evaluation every 5 steps, the training metrics `names`."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for step in range(steps + 1):
+        if step % 5 == 0:
+            accuracy = 0.3 + 0.6 * step / steps
+            lines.append({"kind": "eval", "step": step, "eval/accuracy": accuracy, "eval/rows": 200,
+                          "eval/accuracy_stderr": math.sqrt(accuracy * (1 - accuracy) / 200)})
+        if step:
+            values = {"reward/mean": 0.4 + 0.5 * step / steps, "reward/accuracy": 0.35 + 0.5 * step / steps,
+                      "loss/kl": 0.002 * step, "policy/clip_fraction": 0.05 / step, "policy/entropy": 1.2 - 0.03 * step,
+                      "rollout/completion_length": 6 - 0.1 * step, "time/generate_s": 0.4, "time/reward_s": 0.05,
+                      "time/learn_s": 0.6, "time/sync_s": 0.03}
+            lines.append({"kind": "train", "step": step, "wall_s": 2.0 * step,
+                          **{name: values[name] for name in names}})
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+def test_the_report_draws_every_panel(tmp_path):
+    names = ("reward/mean", "reward/accuracy", "loss/kl", "policy/clip_fraction", "policy/entropy",
+             "rollout/completion_length", *STAGES)
+    write_metrics(tmp_path / "run", 20, names)
+    path = write_report(tmp_path / "run")
+    assert path == tmp_path / "run" / "report.png" and path.stat().st_size > 50_000
+
+
+def test_missing_metrics_leave_a_noted_empty_panel(tmp_path, capsys):
+    write_metrics(tmp_path / "run", 3, ("reward/mean", "time/generate_s"))  # no KL, clip, entropy, length
+    assert main([str(tmp_path / "run"), "--output", str(tmp_path / "r.png")]) == 0
+    assert (tmp_path / "r.png").stat().st_size > 20_000 and capsys.readouterr().out.strip() == str(tmp_path / "r.png")
+
+
+def test_a_folder_without_metrics_is_an_error(tmp_path, capsys):
+    assert main([str(tmp_path)]) == 2
+    assert "metrics.jsonl not found" in capsys.readouterr().err
