@@ -124,7 +124,7 @@ class Trainer:
         self.submitted = 0  # the last step whose batch was submitted
         self.unverified: deque[tuple[int, list[ray.ObjectRef], ray.ObjectRef]] = deque()
         self.last_groups: list[ray.ObjectRef] = []  # the latest batch, by reference (for sample logs)
-        self.step_clock = 0.0
+        self.step_clock: float | None = None  # when the current step began (the previous one ended)
 
     def start(self, weight_sync: Callable[[Config, Any, list[Any]], WeightSync] = make_weight_sync) -> None:
         """Start the actors, the weight transport (`trainer.weight_sync`, built by `weight_sync`)
@@ -183,7 +183,6 @@ class Trainer:
     def train(self, log: MetricsLog, started: float) -> int:
         trainer = self.config.trainer
         step = 0
-        self.step_clock = time.perf_counter()
         for step in range(1, trainer.steps + 1):
             log.log(step, self.step(step))
             if log.wants_samples(step):
@@ -202,6 +201,7 @@ class Trainer:
         """One GRPO step: hand batch `step` to the learner, push the new weights, submit the
         batch `max_staleness + 1` steps ahead; returns the step's metrics."""
         assert self.pipeline is not None and self.actors is not None
+        self.step_clock = self.step_clock or time.perf_counter()
         self.fill(step + self.max_staleness)  # (only the first step has anything to fill here)
         batch = self.in_flight.popleft()
         collected = self.pipeline.collect(batch, self.version)

@@ -125,3 +125,21 @@ def test_the_driver_holds_no_groups_when_the_batch_grows_tenfold(trainer):
     assert steps[80]["retained"] - steps[8]["retained"] < 0.2 * batch_bytes, "references and floats, not groups"
     assert steps[80]["peak"] - steps[8]["peak"] < 0.2 * batch_bytes
     assert steps[8]["ray_store"] == steps[80]["ray_store"] == 0, "no group inlined into the driver's Ray store"
+
+
+def test_batches_submitted_for_steps_that_will_not_run_are_cancelled(trainer):
+    """An early stop (trainer.max_wall_seconds) leaves batches in flight: they are cancelled,
+    and the workers serve the next calls (the final evaluation) right after."""
+    trainer.fill(trainer.submitted + 3)
+    in_flight = [chunk.info for batch in trainer.in_flight for chunk in batch.chunks]
+    assert len(trainer.in_flight) >= 3
+    trainer.discard_in_flight()
+    assert not trainer.in_flight
+    assert len(trainer.rollout(trainer.cursor.next_batch(4), trainer.sampling, 99)) == 4
+    cancelled = 0
+    for ref in in_flight:
+        try:
+            ray.get(ref, timeout=60)
+        except ray.exceptions.TaskCancelledError:
+            cancelled += 1
+    assert cancelled > 0, "the queued chunks did not run"
