@@ -1,6 +1,7 @@
 """Async against sync mode on the default task: same seed, same steps, one invocation.
 
     python benchmarks/async_vs_sync.py [--steps 40] [--seed 0] [--eval-rows 1000] [--settings default,small,vllm]
+                                       [--repeats 1] [--tis-cap C]
 
 Each setting trains the default task (transformers rollouts, one rollout worker, one
 learner) with the real Trainer several ways, one after the other on one local Ray cluster
@@ -22,7 +23,9 @@ Reported per run: steps/s and completions/s over the training steps after the fi
 time/step_s summed: start-up, the first calls' warm-up and the evaluations left out), the
 held-out greedy accuracy after the last step with its standard error, the median generate
 and learn seconds and learner idle fraction per step, and the ratio of async's steps/s to
-the best sync run's. `--tis-cap C` adds an async run with truncated importance weights.
+the best sync run's in the same round; with `--repeats N` the modes take turns N times, each
+round's rows are printed (`setting:round`) and then the medians (`setting:med`; the ratio is
+the median of the rounds' ratios). `--tis-cap C` adds an async run with truncated importance weights.
 """
 
 from __future__ import annotations
@@ -56,6 +59,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--eval-rows", type=int, default=1000, help="held-out rows evaluated after the last step")
     parser.add_argument("--settings", default="default,small,vllm", help=f"comma-separated, of {sorted(SETTINGS)}")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="run every mode this many times, taking turns; medians are printed")
     parser.add_argument("--tis-cap", type=float, default=None,
                         help="also run async 1+1 with algo.tis_cap set to this (truncated importance weights)")
     return parser.parse_args()
@@ -84,27 +89,46 @@ def run(output: Path, name: str, overrides: list[str], args: argparse.Namespace)
     }
 
 
+def print_row(setting: str, mode: str, r: dict[str, float], ratio: str) -> None:
+    print(f"{setting:<11} {mode:<13} {r['steps/s']:>8.2f} {r['completions/s']:>8.0f} "
+          f"{r['accuracy']:>7.3f} ± {r['stderr']:.3f} {r['generate_s']:>6.3f} {r['learn_s']:>7.3f} "
+          f"{r['learner_idle']:>12.2f} {ratio:>10}", flush=True)
+
+
+def median_run(runs: list[dict[str, float]]) -> dict[str, float]:
+    """Per metric, the median over the repeats (the accuracy is the same in each: same seed)."""
+    return {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+
+
 def main() -> None:
     args = parse_args()
     ray.init(num_cpus=2, include_dashboard=False, namespace="grpo_dist_bench")
-    print(f"{'setting':<9} {'mode':<13} {'steps/s':>8} {'compl/s':>8} {'accuracy':>14} {'gen s':>6} {'learn s':>7} "
+    print(f"{'setting':<11} {'mode':<13} {'steps/s':>8} {'compl/s':>8} {'accuracy':>14} {'gen s':>6} {'learn s':>7} "
           f"{'learner idle':>12} {'async/sync':>10}")
+    modes = dict(MODES)
+    if args.tis_cap is not None:
+        modes["async 1+1 TIS"] = [*MODES["async 1+1"], f"algo.tis_cap={args.tis_cap}"]
     with tempfile.TemporaryDirectory(prefix="async_vs_sync_") as folder:
-        modes = dict(MODES)
-        if args.tis_cap is not None:
-            modes["async 1+1 TIS"] = [*MODES["async 1+1"], f"algo.tis_cap={args.tis_cap}"]
         for setting in args.settings.split(","):
             if setting == "vllm" and not vllm_installed():
                 print("vllm: skipped, vLLM is not installed")
                 continue
-            results = {mode: run(Path(folder), f"{setting}-{mode.replace(' ', '_')}", SETTINGS[setting] + overrides, args)
-                       for mode, overrides in modes.items()}
-            best_sync = max(results[mode]["steps/s"] for mode in MODES if mode.startswith("sync"))
-            for mode, r in results.items():
-                ratio = f"{r['steps/s'] / best_sync:.2f}" if mode.startswith("async") else ""
-                print(f"{setting:<9} {mode:<13} {r['steps/s']:>8.2f} {r['completions/s']:>8.0f} "
-                      f"{r['accuracy']:>7.3f} ± {r['stderr']:.3f} {r['generate_s']:>6.3f} {r['learn_s']:>7.3f} "
-                      f"{r['learner_idle']:>12.2f} {ratio:>10}", flush=True)
+            runs: dict[str, list[dict[str, float]]] = {mode: [] for mode in modes}
+            ratios: dict[str, list[float]] = {mode: [] for mode in modes if mode.startswith("async")}
+            for repeat in range(args.repeats):  # the modes take turns, so that load from other work hits each alike
+                for mode, overrides in modes.items():
+                    name = f"{setting}-{mode.replace(' ', '_')}-{repeat}"
+                    runs[mode].append(run(Path(folder), name, SETTINGS[setting] + overrides, args))
+                best_sync = max(runs[mode][-1]["steps/s"] for mode in modes if mode.startswith("sync"))
+                for mode in ratios:
+                    ratios[mode].append(runs[mode][-1]["steps/s"] / best_sync)
+                if args.repeats > 1:
+                    for mode in modes:
+                        ratio = f"{ratios[mode][-1]:.2f}" if mode in ratios else ""
+                        print_row(f"{setting}:{repeat + 1}", mode, runs[mode][-1], ratio)
+            for mode in modes:
+                ratio = f"{statistics.median(ratios[mode]):.2f}" if mode in ratios else ""
+                print_row(setting if args.repeats == 1 else f"{setting}:med", mode, median_run(runs[mode]), ratio)
     ray.shutdown()
 
 
