@@ -11,7 +11,7 @@ from typing import Any
 CONSOLE_KEYS = (
     ("reward/mean", "reward"),
     ("reward/accuracy", "acc"),
-    ("learner/kl", "kl"),
+    ("loss/kl", "kl"),
     ("rollout/completion_length", "len"),
     ("time/step_s", "s/step"),
 )

@@ -65,7 +65,7 @@ def test_steps_change_the_weights_and_every_worker_follows(trainer):
     assert [ray.get(w.checksum.remote()) for w in trainer.actors.rollouts] == [after, after]
     assert [ray.get(w.policy_version.remote()) for w in trainer.actors.rollouts] == [2, 2]
     for m in metrics:
-        assert 0.0 <= m["reward/mean"] <= 1.0 and m["learner/grad_norm"] > 0
+        assert 0.0 <= m["reward/mean"] <= 1.0 and m["policy/grad_norm"] > 0
         # in the synchronous loop the learner's old logprobs are the sampler's (same weights)
         assert m["rollout/logprob_diff_max"] < 1e-3
         assert m["rollout/is_weight_max"] < 1.001 and m["rollout/is_capped_fraction"] == 0.0

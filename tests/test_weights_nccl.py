@@ -1,4 +1,4 @@
-"""Bucketed weight broadcast (weights_nccl.py), with a loopback in place of NCCL.
+"""Bucketed weight broadcast (weights/nccl.py), with a loopback in place of NCCL.
 
 The NCCL transport itself needs two GPUs and is not exercised here; the plan, the packing
 and the order of collectives are.
@@ -6,7 +6,7 @@ and the order of collectives are.
 
 import torch
 
-from grpo_dist.weights_nccl import ALIGN, plan_buckets, receive, send
+from grpo_dist.weights.nccl import ALIGN, plan_buckets, receive, send
 
 
 class Loopback:
