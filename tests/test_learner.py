@@ -6,10 +6,12 @@ Groups come from a real transformers engine; rewards are non-binary.
 import math
 
 import pytest
+import ray
 import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Qwen2Config, Qwen3Config
 
+from conftest import ENGINES
 from grpo_dist.config import load_config, resolve_path
 from grpo_dist.learner.worker import Learner
 from grpo_dist.reward.rules import exact_answer
@@ -37,9 +39,9 @@ def make_learner(*overrides: str, sgd: bool = False) -> Learner:
     return learner
 
 
-def scored_groups(config, problems=PROBLEMS, seed=1234):
+def scored_groups(config, problems=PROBLEMS, seed=1234, worker=None):
     """Groups sampled by a real engine; reward = exact answer + 0.1 per token (non-binary)."""
-    worker = RolloutWorker(config.model, config.rollout, seed=0)
+    worker = worker or RolloutWorker(config.model, config.rollout, seed=0)
     rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a, b in problems]
     sampling = SamplingSettings(n=config.rollout.group_size, temperature=config.rollout.temperature,
                                 max_new_tokens=config.rollout.max_new_tokens, seed=seed)
@@ -81,6 +83,18 @@ def test_several_chunks_are_one_batch(groups):
     assert {k: v for k, v in whole.items() if not k.startswith("system/")} == \
            {k: v for k, v in chunked.items() if not k.startswith("system/")}
     assert one.checksum() == two.checksum()
+
+
+def test_an_actor_takes_chunks_as_object_refs(ray_cluster, groups):
+    """The controller passes several ObjectRefs as top-level arguments; Ray resolves them."""
+    config = make_config()
+    actor = ray.remote(Learner).options(num_cpus=0.5).remote(config.model, config.algo, config.learner,
+                                                              config.rollout, 0)
+    metrics = ray.get(actor.train_step.remote(ray.put(groups[:1]), ray.put(groups[1:])))
+    local = make_learner()
+    assert metrics["loss/total"] == local.train_step(groups)["loss/total"]
+    assert ray.get(actor.checksum.remote()) == local.checksum()
+    ray.kill(actor)
 
 
 SPLITS = [["learner.micro_batch_size=1"], ["learner.micro_batch_size=7"],
@@ -135,6 +149,22 @@ def test_bfloat16_learner_computes_like_a_bfloat16_engine(groups):
     assert learner.checksum() == state_checksum(engine.state_dict())
     metrics = learner.train_step(groups)  # sampled in float32: pi_old differs by bf16 rounding only
     assert metrics["rollout/logprob_diff_mean"] < 0.05
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_both_engines_serve_the_bfloat16_weights_the_learner_exports(engine):
+    config = make_config(f"rollout.engine={engine}", "model.dtype=bfloat16", "rollout.vllm.cpu_kv_cache_gb=0.25")
+    worker = RolloutWorker(config.model, config.rollout, seed=0)
+    learner = Learner(config.model, config.algo, config.learner, config.rollout, seed=0)
+    assert worker.checksum() == learner.checksum()  # both loaded the float32 checkpoint as bfloat16
+    metrics = learner.train_step(scored_groups(config, worker=worker))
+    assert metrics["rollout/logprob_diff_mean"] < 0.01, metrics  # bf16 kernels of two engines
+    assert worker.load_weights(learner.export_weights(), version=1) == learner.checksum()
+    groups = scored_groups(config, worker=worker, seed=7)  # sampled by the updated weights
+    diffs = torch.tensor([abs(a - b) for group, scored in zip(groups, learner.logprobs(groups))
+                          for completion, values in zip(group.completions, scored)
+                          for a, b in zip(completion.logprobs, values)])
+    assert diffs.mean() < 0.01 and diffs.max() < 0.1, (diffs.mean(), diffs.max())
 
 
 def test_a_non_finite_loss_skips_the_step_and_leaves_everything_as_it_was(groups):
