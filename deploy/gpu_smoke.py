@@ -17,7 +17,6 @@ engine on the other). On a single GPU the script falls back to the object-store 
 from __future__ import annotations
 
 import argparse
-import socket
 import string
 import tempfile
 import time
@@ -89,12 +88,6 @@ def digit_share(text: str) -> float:
     return sum(c.isdigit() for c in text) / max(len(text), 1)
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("", 0))
-        return probe.getsockname()[1]
-
-
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     folder = Path(tempfile.mkdtemp(prefix="gpu_smoke_"))
@@ -103,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.dry_run:
         from transformers import AutoModelForCausalLM
 
-        from grpo_dist.weights_nccl import plan_buckets
+        from grpo_dist.weights.nccl import plan_buckets
 
         state = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).state_dict()
         buckets = plan_buckets(state, args.bucket_mb << 20)
@@ -118,6 +111,7 @@ def run(args: argparse.Namespace, folder: Path) -> None:
     from grpo_dist.config import AlgoConfig, LearnerConfig, ModelConfig, RolloutConfig, VLLMConfig
     from grpo_dist.data import build_prompts
     from grpo_dist.learner.worker import Learner
+    from grpo_dist.net import free_port
     from grpo_dist.rollout.worker import RolloutWorker
     from grpo_dist.seeding import prompt_seed
     from grpo_dist.types import SamplingSettings
@@ -170,7 +164,7 @@ def run(args: argparse.Namespace, folder: Path) -> None:
         sync_ms = (time.perf_counter() - clock) * 1000
         tokens = sum(len(c.token_ids) for g in groups for c in g.completions)
         reward = sum(r for g in groups for r in g.rewards) / (len(groups) * args.group_size)
-        print(f"{step:>4} {tokens / generate_s:>10.0f} {metrics['learner/tokens_per_s']:>12.0f} "
+        print(f"{step:>4} {tokens / generate_s:>10.0f} {metrics['system/learn_tokens_per_s']:>12.0f} "
               f"{sync_ms:>8.1f} {reward:>7.3f}", flush=True)
 
     served, expected = ray.get([worker.checksum.remote(), learner.checksum.remote()])

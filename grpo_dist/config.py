@@ -53,7 +53,9 @@ class Section(BaseModel):
 
 class ModelConfig(Section):
     path: str = Field("builtin:arithmetic/model", description="local folder, Hugging Face hub id, or builtin:NAME")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="weights in rollout and learner")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="compute and serving dtype; the learner keeps float32 master weights and AdamW state"
+    )
 
     @field_validator("path")
     @classmethod
@@ -192,6 +194,13 @@ class LearnerConfig(Section):
     num_cpus: float = Field(1.0, ge=0, description="Ray CPUs of the learner actor")
     num_gpus: float = Field(0.0, ge=0, description="GPUs of the learner actor (policy, reference, optimizer)")
     threads: int = Field(2, ge=1, description="torch threads (CPU)")
+    micro_batch_size: int | None = Field(
+        None, ge=1, description="sequences per forward/backward (gradients accumulate exactly); null: all at once"
+    )
+    max_tokens_per_micro_batch: int | None = Field(
+        None, ge=1, description="padded tokens (sequences x longest) per forward/backward; a longer sequence goes alone"
+    )
+    gradient_checkpointing: bool = Field(False, description="recompute activations in backward: less memory, more time")
 
 
 class TrainerConfig(Section):

@@ -224,7 +224,7 @@ class Trainer:
         return scored, stats
 
     def broadcast_weights(self) -> None:
-        """Send the learner's weights to every rollout worker (weights.py: the strategies)."""
+        """Send the learner's weights to every rollout worker (weights/: the strategies)."""
         served = self.sync.push(self.version)
         if self.config.trainer.verify_weight_sync:
             self.check_checksums(served)

@@ -19,8 +19,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast 
 
 from grpo_dist.rollout.vllm_engine import VLLMEngine  # noqa: E402
 from grpo_dist.types import Completion, SamplingSettings  # noqa: E402
-from grpo_dist.weights import state_checksum  # noqa: E402
-from grpo_dist.weights_nccl import pack, plan_buckets  # noqa: E402
+from grpo_dist.weights.checksum import state_checksum  # noqa: E402
+from grpo_dist.weights.nccl import pack, plan_buckets  # noqa: E402
 
 EOS_ID = 1
 LOGPROB_TOL = 1e-4

@@ -7,11 +7,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from transformers.utils import logging as transformers_logging
 
 from grpo_dist.config import resolve_path
-from grpo_dist import weights_nccl
+from grpo_dist.dtypes import DTYPES
 from grpo_dist.types import Completion, SamplingSettings
-from grpo_dist.weights import state_checksum
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from grpo_dist.weights import nccl
+from grpo_dist.weights.checksum import state_checksum
 
 
 def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
@@ -89,16 +88,16 @@ class HFEngine:
 
     def join_weight_group(self, host: str, port: int, rank_offset: int, world_size: int, timeout_s: float,
                           backend: str = "nccl") -> None:
-        """Join the learner's weight group as rank `rank_offset` (weights_nccl.py)."""
-        self.weight_group = weights_nccl.communicator(backend, host, port, rank_offset, world_size,
+        """Join the learner's weight group as rank `rank_offset` (weights/nccl.py)."""
+        self.weight_group = nccl.communicator(backend, host, port, rank_offset, world_size,
                                                       self.device, timeout_s)
 
     @torch.no_grad()
-    def receive_weights(self, buckets: list[weights_nccl.Bucket], timeout_s: float | None = None) -> None:
+    def receive_weights(self, buckets: list[nccl.Bucket], timeout_s: float | None = None) -> None:
         """Copy the broadcast weights in place, one bucket in memory at a time (timeout: the group's)."""
         served = self.model.state_dict()
         received = set()
-        for name, tensor in weights_nccl.receive(self.weight_group, buckets, self.device):
+        for name, tensor in nccl.receive(self.weight_group, buckets, self.device):
             served[name].copy_(tensor)
             received.add(name)
         if missing := set(served) - received:

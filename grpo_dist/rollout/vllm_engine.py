@@ -5,7 +5,7 @@ the CPU the engine runs in the caller's process (no engine-core or worker subpro
 which starts in seconds and lets weight updates pass tensors directly; vLLM's binding of
 OpenMP threads to cores is off, the thread count being the caller's torch.set_num_threads.
 On a GPU vLLM keeps its default multiprocess layout and weights travel as safetensors bytes
-or by NCCL broadcast (weights_nccl.py); that path is untested here.
+or by NCCL broadcast (weights/nccl.py); that path is untested here.
 """
 
 from __future__ import annotations
@@ -17,15 +17,13 @@ import torch
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 from vllm import LLM, SamplingParams
-from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
-from vllm.distributed.utils import StatelessProcessGroup
 from vllm.inputs import TokensPrompt
 from vllm.outputs import CompletionOutput
 from vllm.platforms import current_platform
 
 from grpo_dist.seeding import completion_seed
 from grpo_dist.types import Completion, SamplingSettings
-from grpo_dist.weights_nccl import Bucket
+from grpo_dist.weights.nccl import Bucket
 
 EXTENSION_CLS = "grpo_dist.rollout.vllm_extension.GRPOWorkerExtension"
 GIB = 1 << 30
@@ -126,7 +124,7 @@ class VLLMEngine:
         self._llm.collective_rpc("grpo_leave_weight_group")
 
     def receive_weights(self, buckets: list[Bucket], timeout_s: float | None = None) -> None:
-        """Take the version the learner broadcasts over the weight group (`weights_nccl.send`).
+        """Take the version the learner broadcasts over the weight group (`weights.nccl.send`).
 
         `timeout_s` bounds the wait where the workers run in other processes (the GPU layout).
         """
@@ -162,25 +160,6 @@ class VLLMEngine:
             text=self._tokenizer.decode(token_ids, skip_special_tokens=True),
             finish_reason=_finish_reason(output.finish_reason),
         )
-
-
-def nccl_communicator(
-    host: str, port: int, rank: int, world_size: int, device: torch.device | str, timeout_s: float
-) -> PyNcclCommunicator:
-    """A NCCL group of its own for weight updates, outside torch.distributed's global state.
-
-    Rank 0 (the learner) serves the rendezvous store at host:port; joining waits at most timeout_s.
-    """
-    device = torch.device(device)
-    if device.index is None:  # PyNccl compares devices exactly: "cuda" != "cuda:0"
-        device = torch.device("cuda", torch.cuda.current_device())
-    group = StatelessProcessGroup.create(
-        host=host, port=port, rank=rank, world_size=world_size, store_timeout=int(timeout_s)
-    )
-    communicator = PyNcclCommunicator(group, device=device)
-    if communicator.disabled:  # no NCCL library: every broadcast would silently do nothing
-        raise RuntimeError("NCCL is not available here: the weight group cannot be created")
-    return communicator
 
 
 def _cpu_placement(tensor_parallel_size: int, kv_cache_gb: float) -> dict:

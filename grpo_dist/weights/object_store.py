@@ -1,0 +1,24 @@
+"""The state dict through the Ray object store: stored once per version, loaded by every worker."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+
+
+class ObjectStoreSync:
+    """The `WeightSync` for CPUs and shared GPUs: one object-store copy per version."""
+
+    def __init__(self, learner: Any, rollouts: list[Any], verify: bool = True) -> None:
+        self.learner, self.rollouts, self.verify = learner, rollouts, verify
+
+    def setup(self) -> None:
+        pass
+
+    def push(self, version: int) -> list[str | None]:
+        weights = self.learner.export_weights.remote()  # an ObjectRef: stored once
+        return ray.get([w.load_weights.remote(weights, version, self.verify) for w in self.rollouts])
+
+    def close(self) -> None:
+        pass
