@@ -36,7 +36,8 @@ def make_learner(*overrides: str, sgd: bool = False) -> Learner:
     AdamW's first step, lr * g / (|g| + eps), turns float noise in a gradient near 0 (1e-7
     here, between equal updates computed in different orders) into differences of up to lr."""
     config = make_config(*overrides)
-    learner = Learner(config.model, config.algo, config.learner, config.rollout, seed=0)
+    learner = Learner(config.model, config.algo, config.learner, config.rollout, seed=0,
+                      total_steps=config.trainer.steps)
     if sgd:
         learner.optimizer = torch.optim.SGD(learner.weights.params, lr=0.1)
     return learner
