@@ -350,6 +350,9 @@ class Config(Section):
         if learner.num_ranks > 1 and learner.num_cpus == 0 and learner.num_gpus == 0:
             raise ValueError("learner.num_ranks > 1 places each rank in a bundle: give learner.num_cpus or "
                              "learner.num_gpus > 0")
+        if learner.num_ranks > 1 and learner.num_gpus != int(learner.num_gpus):
+            raise ValueError(f"learner.num_ranks > 1 with learner.num_gpus={learner.num_gpus}: the ranks' NCCL "
+                             "group needs a whole GPU per rank")
         return self
 
     @model_validator(mode="after")
