@@ -212,7 +212,7 @@ class AlgoConfig(Section):
         "constant", description="learning rate after the warmup, per GRPO step: constant, or linear/cosine decay "
         "towards 0 over trainer.steps"
     )
-    warmup_steps: int = Field(0, ge=0, description="GRPO steps of linear warmup to algo.lr (step k: lr*(k+1)/N)")
+    warmup_steps: int = Field(0, ge=0, description="GRPO steps of linear warmup to algo.lr (step k < W: lr*(k+1)/W)")
     ref_refresh_every: int | None = Field(
         None, ge=1, description="copy the policy into the reference model every N GRPO steps (needs beta > 0); "
         "null: the reference stays model.path"
