@@ -103,8 +103,23 @@ class RolloutConfig(Section):
     prompts_per_step: int = Field(32, ge=1, description="prompts per GRPO step; the batch is prompts_per_step*group_size")
     temperature: float = Field(1.0, gt=0, description="sampling temperature (the learner's logprobs use it too)")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling; <1 makes sampler and learner logprobs differ")
+    top_k: int = Field(0, ge=0, description="sample among the k most likely tokens; 0: all (k>0: like top_p < 1)")
     max_new_tokens: int = Field(8, ge=1, description="completion length limit (also Dr. GRPO's constant divisor)")
+    stop: list[str] = Field(
+        default_factory=list, description="stop strings (kept in the completion), besides the EOS ids of tokenizer "
+        "and generation config"
+    )
+    max_prompt_tokens: int | None = Field(
+        None, ge=1, description="longer prompts are dropped before training; null: the context minus max_new_tokens"
+    )
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_strings_not_empty(cls, value: list[str]) -> list[str]:
+        if "" in value:
+            raise ValueError("an empty stop string would stop every completion at once")
+        return value
 
     @field_validator("engine")
     @classmethod
