@@ -104,6 +104,7 @@ def run(args: argparse.Namespace, folder: Path) -> None:
     import ray
 
     from grpo_dist.config import AlgoConfig, LearnerConfig, ModelConfig, RolloutConfig, VLLMConfig
+    from grpo_dist.config import DataConfig
     from grpo_dist.data import build_prompts
     from grpo_dist.learner.worker import Learner
     from grpo_dist.rollout.worker import RolloutWorker
@@ -136,7 +137,7 @@ def run(args: argparse.Namespace, folder: Path) -> None:
         plan = ray.get(learner.weight_plan.remote(args.bucket_mb << 20))
 
     rows = [{"prompt": f"{a}+{b}="} for a in range(40) for b in range(40)]
-    prompts = build_prompts(rows, "{prompt}", build_tokenizer())
+    prompts = build_prompts(rows, DataConfig(), build_tokenizer())
     sampling = SamplingSettings(n=args.group_size, temperature=1.0, max_new_tokens=args.max_new_tokens)
     print(f"{'step':>4} {'gen tok/s':>10} {'learn tok/s':>12} {'sync ms':>8} {'reward':>7}")
     for step in range(1, args.steps + 1):

@@ -1,7 +1,7 @@
 """Command line: `python -m grpo_dist.launch [--config FILE] [section.field=value ...]`.
 
 With no arguments it trains the built-in default (configs/default.yaml) on the CPU.
-Exit codes: 0 done, 2 invalid configuration (nothing was started), 1 a failed run.
+Exit codes: 0 done, 2 invalid configuration or data (nothing was started), 1 a failed run.
 """
 
 from __future__ import annotations
@@ -62,13 +62,21 @@ def main(argv: list[str] | None = None) -> int:
         print(dump_config(config), end="")
         return 0
 
+    from grpo_dist.data import DataError, prepare_data
+
+    try:
+        data = prepare_data(config)  # bad data exits here, before Ray starts
+    except DataError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
     import ray
 
     from grpo_dist.trainer import Trainer
 
     connect_ray(config)
     try:
-        summary = Trainer(config, run_dir_for(config)).run()
+        summary = Trainer(config, run_dir_for(config), data=data).run()
     finally:
         ray.shutdown()
     print(json.dumps(summary, indent=2))

@@ -14,7 +14,7 @@ from grpo_dist.types import SamplingSettings
 def scored_groups(config):
     worker = RolloutWorker(config.model, config.rollout, seed=0)
     rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a, b in [(58, 67), (12, 30), (99, 1), (45, 45)]]
-    prompts = build_prompts(rows, "{prompt}", load_tokenizer(config.model.path))
+    prompts = build_prompts(rows, config.data, load_tokenizer(config.model.path))
     groups = worker.generate(prompts, SamplingSettings(n=4, max_new_tokens=8), seeds=[0, 1, 2, 3])
     for group in groups:
         group.rewards = [exact_answer(group.prompt, c.text, group.row["answer"]) for c in group.completions]
