@@ -143,18 +143,6 @@ def test_groups_have_n_completions_with_consistent_fields(engine: VLLMEngine) ->
     assert len({tuple(c.token_ids) for c in groups[0]}) > 1, "n samples should differ"
 
 
-def test_identical_prompts_get_independent_groups(engine: VLLMEngine) -> None:
-    """Every completion has its own stream: two copies of one prompt do not sample alike."""
-    prompt = _prompts(1)[0]
-    sampling = SamplingSettings(n=8, temperature=1.0, max_new_tokens=16)
-    first, second = engine.generate([prompt, prompt], sampling, [11, 12])
-    assert [c.token_ids for c in first] != [c.token_ids for c in second]
-    assert len({tuple(c.token_ids) for c in first}) > 1
-    # and the same seed reproduces the group, whatever else is in the call
-    [again] = engine.generate([prompt], sampling, [11])
-    assert [c.token_ids for c in again] == [c.token_ids for c in first]
-
-
 def test_greedy_is_deterministic_and_matches_transformers(
     engine: VLLMEngine, model: LlamaForCausalLM
 ) -> None:
