@@ -49,6 +49,8 @@ class HFEngine:
                  seeds: list[int]) -> list[list[Completion]]:
         """Sample `sampling.n` completions per prompt; temperature 0 is greedy."""
         rows = requests(prompt_ids, sampling, seeds)
+        if not rows:
+            return []
         greedy = sampling.temperature == 0
         completions = self._sample([ids for ids, _ in rows], None if greedy else [seed for _, seed in rows], sampling)
         return regroup(completions, sampling)
