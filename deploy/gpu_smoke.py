@@ -17,7 +17,6 @@ engine on the other). On a single GPU the script falls back to the object-store 
 from __future__ import annotations
 
 import argparse
-import string
 import tempfile
 import time
 from pathlib import Path
@@ -28,7 +27,6 @@ SIZES = {  # (hidden, intermediate, layers, heads, kv_heads)
     "0.5b": (1024, 4864, 28, 16, 2),  # ~0.48B parameters with this tokenizer
     "tiny": (64, 128, 2, 2, 1),
 }
-EOS = "<eos>"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -48,30 +46,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def build_tokenizer():
-    """Character-level: <pad>=0, <eos>=1, then one id per character."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    """Character-level (grpo_dist/tasks/tiny.py): <pad>=0, <eos>=1, <unk>=2, then one id per character."""
+    from grpo_dist.tasks.tiny import build_tokenizer as tiny_tokenizer
 
-    chars = string.digits + string.ascii_letters + " +-*/=?.,:()"
-    vocab = {"<pad>": 0, EOS: 1, **{c: i + 2 for i, c in enumerate(chars)}}
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    tokenizer.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=EOS, pad_token="<pad>")
+    return tiny_tokenizer()
 
 
 def build_model(size: str, vocab_size: int) -> torch.nn.Module:
     """A Qwen2ForCausalLM with random weights; vocab_size is the tokenizer's length (vLLM needs it)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from grpo_dist.tasks.tiny import build_model as tiny_model
 
     hidden, intermediate, layers, heads, kv_heads = SIZES[size]
-    config = Qwen2Config(
-        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=1024,
-        tie_word_embeddings=True, bos_token_id=None, eos_token_id=1, pad_token_id=0,
-    )
-    torch.manual_seed(0)
-    return Qwen2ForCausalLM(config).to(torch.bfloat16).eval()
+    model = tiny_model("qwen2", vocab_size, num_layers=layers, num_heads=heads, num_kv_heads=kv_heads,
+                       head_dim=hidden // heads, intermediate_size=intermediate, max_positions=1024)
+    return model.to(torch.bfloat16)
 
 
 def save_model(size: str, folder: Path) -> int:
@@ -109,6 +97,7 @@ def run(args: argparse.Namespace, folder: Path) -> None:
     import ray
 
     from grpo_dist.config import AlgoConfig, LearnerConfig, ModelConfig, RolloutConfig, VLLMConfig
+    from grpo_dist.config import DataConfig
     from grpo_dist.data import build_prompts
     from grpo_dist.learner.worker import Learner
     from grpo_dist.net import free_port
@@ -142,7 +131,7 @@ def run(args: argparse.Namespace, folder: Path) -> None:
         plan = ray.get(learner.weight_plan.remote(args.bucket_mb << 20))
 
     rows = [{"prompt": f"{a}+{b}="} for a in range(40) for b in range(40)]
-    prompts = build_prompts(rows, "{prompt}", build_tokenizer())
+    prompts = build_prompts(rows, DataConfig(), build_tokenizer())
     sampling = SamplingSettings(n=args.group_size, temperature=1.0, max_new_tokens=args.max_new_tokens)
     print(f"{'step':>4} {'gen tok/s':>10} {'learn tok/s':>12} {'sync ms':>8} {'reward':>7}")
     for step in range(1, args.steps + 1):

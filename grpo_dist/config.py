@@ -39,12 +39,6 @@ def check_model_path(value: str) -> str:
     raise ValueError(f"not a model folder and not a hub id: {value!r}")
 
 
-def _existing_file(value: str) -> str:
-    if not Path(resolve_path(value)).is_file():
-        raise ValueError(f"file not found: {value!r}")
-    return value
-
-
 class Section(BaseModel):
     """Unknown keys are errors, so a typo never silently falls back to a default."""
 
@@ -63,16 +57,58 @@ class ModelConfig(Section):
         return check_model_path(value)
 
 
+DATA_FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
+
+
+def check_dataset(value: str) -> str:
+    """`value` unchanged if it is a data file that exists, a local dataset folder, or a hub id."""
+    path = Path(resolve_path(value))
+    if path.suffix in DATA_FILE_SUFFIXES:
+        if not path.is_file():
+            raise ValueError(f"file not found: {value!r}")
+        return value
+    if path.is_dir() or (HUB_ID.match(value) and not value.startswith(".")):
+        return value
+    raise ValueError(
+        f"not a data file ({', '.join(DATA_FILE_SUFFIXES)}), a dataset folder or a hub id: {value!r}"
+    )
+
+
 class DataConfig(Section):
-    train: str = Field("builtin:arithmetic/train.jsonl", description="JSONL file, one row per prompt")
-    eval: str | None = Field("builtin:arithmetic/eval.jsonl", description="held-out JSONL, or null")
-    prompt_template: str = Field("{prompt}", description="str.format template over the row's fields")
+    """Where prompts come from and how a row becomes one (docs/data.md)."""
+
+    train: str = Field(
+        "builtin:arithmetic/train.jsonl",
+        description="training rows: a .jsonl/.json/.parquet file, a dataset folder, or a Hugging Face hub id",
+    )
+    eval: str | None = Field("builtin:arithmetic/eval.jsonl", description="held-out rows (same kinds), or null")
+    split: str = Field("train", description="split of data.train when it is a dataset folder or hub id")
+    eval_split: str = Field("test", description="split of data.eval when it is a dataset folder or hub id")
+    subset: str | None = Field(None, description="dataset configuration (subset) of a folder or hub id, e.g. main")
+    prompt_field: str = Field(
+        "prompt", description="row field holding the prompt: a string, or a list of {role, content} messages"
+    )
+    answer_field: str = Field(
+        "answer", description="row field holding the reference answer; rewards receive it as `answer`"
+    )
+    prompt_template: str = Field(
+        "{prompt}", description="str.format template over the row's fields ({prompt}: the prompt field's text)"
+    )
+    chat_template: Literal["auto", "true", "false"] = Field(
+        "auto", description="apply the tokenizer's chat template (auto: when it has one)"
+    )
+    system_prompt: str | None = Field(None, description="system message put before each prompt (chat template only)")
     eval_rows: int | None = Field(None, ge=1, description="evaluate on the first N eval rows (all if null)")
+
+    @field_validator("chat_template", mode="before")
+    @classmethod
+    def _yaml_booleans(cls, value: Any) -> Any:
+        return str(value).lower() if isinstance(value, bool) else value
 
     @field_validator("train", "eval")
     @classmethod
-    def _files_exist(cls, value: str | None) -> str | None:
-        return None if value is None else _existing_file(value)
+    def _local_or_hub(cls, value: str | None) -> str | None:
+        return None if value is None else check_dataset(value)
 
 
 def vllm_installed() -> bool:
@@ -106,8 +142,23 @@ class RolloutConfig(Section):
     prompts_per_step: int = Field(32, ge=1, description="prompts per GRPO step; the batch is prompts_per_step*group_size")
     temperature: float = Field(1.0, gt=0, description="sampling temperature (the learner's logprobs use it too)")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling; <1 makes sampler and learner logprobs differ")
+    top_k: int = Field(0, ge=0, description="sample among the k most likely tokens; 0: all (k>0: like top_p < 1)")
     max_new_tokens: int = Field(8, ge=1, description="completion length limit (also Dr. GRPO's constant divisor)")
+    stop: list[str] = Field(
+        default_factory=list, description="stop strings (kept in the completion), besides the EOS ids of tokenizer "
+        "and generation config"
+    )
+    max_prompt_tokens: int | None = Field(
+        None, ge=1, description="longer prompts are dropped before training; null: the context minus max_new_tokens"
+    )
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_strings_not_empty(cls, value: list[str]) -> list[str]:
+        if "" in value:
+            raise ValueError("an empty stop string would stop every completion at once")
+        return value
 
     @field_validator("engine")
     @classmethod

@@ -1,7 +1,7 @@
 """The whole system on a real local Ray cluster: real actors, real engines, real learner.
 
 Every test runs once per rollout engine: transformers, and vLLM where it is installed
-(CI installs the CPU build, so there both run).
+(CI installs the CPU build, so there both run), sampling at temperature 0.7.
 """
 
 import pytest
@@ -17,7 +17,9 @@ GROUP = 4
 
 @pytest.fixture(scope="module", params=ENGINES)
 def trainer(request, ray_cluster, tmp_path_factory):
-    config = small_config(tmp_path_factory.mktemp("runs"), f"rollout.engine={request.param}")
+    # temperature 0.7: the learner must score the sampled tokens at the sampler's temperature
+    config = small_config(tmp_path_factory.mktemp("runs"), f"rollout.engine={request.param}",
+                          "rollout.temperature=0.7")
     trainer = Trainer(config, run_dir=tmp_path_factory.mktemp("run"))
     trainer.start()  # the object-store weight sync: no GPUs here
     yield trainer

@@ -47,7 +47,7 @@ def scored_groups(config, problems=PROBLEMS, seed=1234, worker=None):
     """Groups sampled by a real engine; reward = exact answer + 0.1 per token (non-binary)."""
     worker = worker or RolloutWorker(config.model, config.rollout, seed=0)
     rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a, b in problems]
-    prompts = build_prompts(rows, "{prompt}", load_tokenizer(config.model.path))
+    prompts = build_prompts(rows, config.data, load_tokenizer(config.model.path))
     sampling = SamplingSettings(n=config.rollout.group_size, temperature=config.rollout.temperature,
                                 max_new_tokens=config.rollout.max_new_tokens)
     groups = worker.generate(prompts, sampling, [prompt_seed(seed, 0, i) for i in range(len(prompts))])

@@ -11,7 +11,6 @@ or by NCCL broadcast (weights/nccl.py); that path is untested here.
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 
 import torch
 from safetensors.torch import load as load_safetensors
@@ -21,7 +20,7 @@ from vllm.inputs import TokensPrompt
 from vllm.outputs import CompletionOutput
 from vllm.platforms import current_platform
 
-from grpo_dist.seeding import completion_seed
+from grpo_dist.rollout.sampling import regroup, requests, stop_token_ids
 from grpo_dist.types import Completion, SamplingSettings
 from grpo_dist.weights.nccl import Bucket
 
@@ -57,11 +56,15 @@ class VLLMEngine:
             seed=seed,
             enforce_eager=enforce_eager,
             worker_extension_cls=EXTENSION_CLS,
-            # Sampled-token logprobs after temperature (and top-p), as the sampler used them.
+            # Sampled-token logprobs after temperature, top-k and top-p, as the sampler used them.
             logprobs_mode="processed_logprobs",
+            # Neutral defaults: a checkpoint's generation_config.json (repetition_penalty,
+            # temperature...) must not change what is sampled; its EOS ids are _stop_ids.
+            generation_config="vllm",
             **placement,
         )
         self._tokenizer = self._llm.get_tokenizer()
+        self._stop_ids = stop_token_ids(model_path, self._tokenizer)
 
     def generate(
         self, prompt_ids: list[list[int]], sampling: SamplingSettings, seeds: list[int]
@@ -71,26 +74,28 @@ class VLLMEngine:
         Each completion is a request of its own (n=1) with its own seed, so that no two
         completions share a random stream (with n=G and one seed per call, completion j of
         every prompt would). vLLM's prefix cache still computes a shared prompt once.
+        Stop strings need vLLM to detokenize as it goes; only then is it asked to.
         """
         greedy = sampling.temperature == 0
-        requests, params = [], []
-        for ids, seed in zip(prompt_ids, seeds, strict=True):
-            for sample in range(1 if greedy else sampling.n):
-                requests.append(ids)
-                params.append(SamplingParams(
-                    n=1,
-                    temperature=sampling.temperature,
-                    top_p=1.0 if greedy else sampling.top_p,
-                    max_tokens=sampling.max_new_tokens,
-                    seed=None if greedy else completion_seed(seed, sample),
-                    logprobs=0,  # the sampled token's logprob only
-                    detokenize=False,  # text comes from the tokenizer, see _to_completion
-                ))
-        outputs = self._llm.generate(_token_prompts(requests), params, use_tqdm=False)
-        completions = [self._to_completion(out.outputs[0]) for out in outputs]
-        if greedy:
-            return [[_copy(c) for _ in range(sampling.n)] for c in completions]
-        return [completions[i : i + sampling.n] for i in range(0, len(completions), sampling.n)]
+        rows = requests(prompt_ids, sampling, seeds)
+        params = [
+            SamplingParams(
+                n=1,
+                temperature=sampling.temperature,
+                top_p=1.0 if greedy else sampling.top_p,
+                top_k=0 if greedy else sampling.top_k,
+                max_tokens=sampling.max_new_tokens,
+                seed=seed,
+                stop_token_ids=self._stop_ids,
+                stop=list(sampling.stop) or None,
+                include_stop_str_in_output=True,  # the text is decoded from token_ids anyway
+                logprobs=0,  # the sampled token's logprob only
+                detokenize=bool(sampling.stop),  # text comes from the tokenizer, see _to_completion
+            )
+            for _, seed in rows
+        ]
+        outputs = self._llm.generate(_token_prompts([ids for ids, _ in rows]), params, use_tqdm=False)
+        return regroup([self._to_completion(out.outputs[0]) for out in outputs], sampling)
 
     def logprobs_of(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
         """log softmax(logits) (temperature 1) of `completion_ids` following `prompt_ids`."""
@@ -193,16 +198,10 @@ def _token_prompts(prompt_ids: list[list[int]]) -> list[TokensPrompt]:
 
 
 def _finish_reason(vllm_reason: str | None) -> str:
-    """vLLM's "stop" (EOS or a stop token, included in the ids) or "length"."""
+    """vLLM's "stop" (a stop token or stop string; the token ending it is the last id) or "length"."""
     if vllm_reason not in ("stop", "length"):
         raise RuntimeError(f"unexpected vLLM finish reason: {vllm_reason!r}")
     return vllm_reason
-
-
-def _copy(completion: Completion) -> Completion:
-    return replace(
-        completion, token_ids=list(completion.token_ids), logprobs=list(completion.logprobs)
-    )
 
 
 def _plain_cpu_tensors(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
