@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Qwen2
 from conftest import ENGINES
 from grpo_dist.config import load_config, resolve_path
 from grpo_dist.data import build_prompts
+from grpo_dist.learner.schedule import make_scheduler
 from grpo_dist.learner.worker import Learner
 from grpo_dist.reward.rules import exact_answer
 from grpo_dist.rollout.hf_engine import load_tokenizer
@@ -40,6 +41,7 @@ def make_learner(*overrides: str, sgd: bool = False) -> Learner:
                       total_steps=config.trainer.steps)
     if sgd:
         learner.optimizer = torch.optim.SGD(learner.weights.params, lr=0.1)
+        learner.scheduler = make_scheduler(learner.optimizer, config.algo, config.trainer.steps)
     return learner
 
 

@@ -36,6 +36,7 @@ def on_every_rank(group, function):
 
 def use_sgd(learner):
     learner.optimizer = torch.optim.SGD(learner.weights.params, lr=0.1)
+    learner.scheduler = torch.optim.lr_scheduler.LambdaLR(learner.optimizer, lambda step: 1.0)
 
 
 def rank_masters(learner):

@@ -82,7 +82,3 @@ class DataParallel:
         with torch.no_grad():
             for param in params:
                 dist.broadcast(param.data, src=0)
-
-    def close(self) -> None:
-        if self.world_size > 1 and dist.is_initialized():
-            dist.destroy_process_group()

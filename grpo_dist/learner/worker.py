@@ -229,10 +229,6 @@ class Learner:
         self.ranks.broadcast(self.weights.params)
         self.weights.publish()
 
-    def leave_ranks(self) -> None:
-        self.ranks.close()
-        self.ranks = DataParallel()
-
     # ------------------------------------------------------------ saving
 
     def save_state(self, directory: str) -> None:
