@@ -6,6 +6,7 @@ step turns float noise in near-zero gradients into differences of up to lr).
 """
 
 import sys
+import time
 
 import pytest
 import ray
@@ -88,7 +89,10 @@ def test_a_group_serves_saves_and_loads_like_one_learner(ray_cluster, groups, tm
     ray.kill(group)
     assert all(v["state"] == "REMOVED" for v in placement_group_table().values()
                if v["bundles"] == {0: {"CPU": 0.5}, 1: {"CPU": 0.5}})
-    assert ray.available_resources()["CPU"] == free
+    deadline = time.monotonic() + 30  # Ray returns the resources asynchronously
+    while ray.available_resources().get("CPU") != free and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ray.available_resources().get("CPU") == free
 
 
 @pytest.mark.slow

@@ -30,17 +30,22 @@ TIMEOUT = datetime.timedelta(minutes=30)  # a collective whose peer died fails a
 
 
 class DataParallel:
-    """This learner's rank among `world_size`; `DataParallel()` is the single-rank no-op."""
+    """This learner's rank among `world_size`; `DataParallel()` is the single-rank no-op.
 
-    def __init__(self, rank: int = 0, world_size: int = 1) -> None:
-        self.rank, self.world_size = rank, world_size
+    Collectives run on `device` (NCCL takes GPU tensors only); CPU tensors travel there and back.
+    """
+
+    def __init__(self, rank: int = 0, world_size: int = 1, device: str = "cpu") -> None:
+        self.rank, self.world_size, self.device = rank, world_size, device
 
     @classmethod
-    def join(cls, host: str, port: int, rank: int, world_size: int, backend: str) -> DataParallel:
-        """Join the ranks' process group (rank 0 serves the rendezvous at host:port); blocks until all have."""
+    def join(cls, host: str, port: int, rank: int, world_size: int, device: str) -> DataParallel:
+        """Join the ranks' process group (rank 0 serves the rendezvous at host:port; NCCL on a GPU,
+        gloo on the CPU); blocks until all have."""
+        backend = "nccl" if device == "cuda" else "gloo"
         dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=rank, world_size=world_size,
                                 timeout=TIMEOUT)
-        return cls(rank, world_size)
+        return cls(rank, world_size, device)
 
     def shard(self, rows: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """This rank's share of `rows`: dealt round-robin longest first, so that tokens balance."""
@@ -52,14 +57,16 @@ class DataParallel:
     def sum(self, tensor: torch.Tensor) -> torch.Tensor:
         """The elementwise sum over ranks, in place (and returned)."""
         if self.world_size > 1:
-            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+            on_device = tensor.to(self.device)
+            dist.all_reduce(on_device, op=dist.ReduceOp.SUM)
+            tensor.copy_(on_device)
         return tensor
 
     def min_max(self, low: float, high: float) -> tuple[float, float]:
         """The smallest `low` and the largest `high` over ranks."""
         if self.world_size == 1:
             return low, high
-        values = torch.tensor([-low, high], dtype=torch.float64)
+        values = torch.tensor([-low, high], dtype=torch.float64, device=self.device)
         dist.all_reduce(values, op=dist.ReduceOp.MAX)
         return -values[0].item(), values[1].item()
 
