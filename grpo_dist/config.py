@@ -293,6 +293,13 @@ class LearnerConfig(Section):
     lora: LoraConfig | None = Field(
         None, description="train LoRA adapters (peft) on a frozen base instead of every weight; null: full training"
     )
+
+    @field_validator("lora")
+    @classmethod
+    def _peft_installed(cls, value: LoraConfig | None) -> LoraConfig | None:
+        if value is not None and importlib.util.find_spec("peft") is None:
+            raise ValueError("peft is not installed: pip install -e '.[lora]', or set learner.lora=null")
+        return value
     threads: int = Field(2, ge=1, description="torch threads (CPU)")
     micro_batch_size: int | None = Field(
         None, ge=1, description="sequences per forward/backward (gradients accumulate exactly); null: all at once"

@@ -166,3 +166,12 @@ def test_an_unset_optional_section_takes_dotted_overrides():
     assert config.learner.lora.rank == 4 and config.learner.lora.alpha == 16.0
     assert config.learner.lora.target_modules == ["q_proj", "v_proj"]
     assert load_config(None).learner.lora is None
+
+
+def test_lora_without_peft_names_the_field_and_the_extra(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "peft" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"learner\.lora.*peft is not installed.*\[lora\]"):
+        load_config(None, ["learner.lora.rank=4"])
