@@ -8,7 +8,7 @@ from grpo_dist.types import Completion, Group
 
 
 def group(prompt_ids: list[int], completions: list[list[int]]) -> Group:
-    return Group(row={}, prompt="", prompt_ids=prompt_ids, policy_version=0,
+    return Group(prompt_index=0, row={}, prompt="", prompt_ids=prompt_ids, policy_version=0,
                  completions=[Completion(ids, [-0.5] * len(ids), "", "stop") for ids in completions])
 
 
