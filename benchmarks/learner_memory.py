@@ -69,8 +69,8 @@ def synthetic_groups(sequences: int, completion_tokens: int, group_size: int) ->
         completions = [Completion(torch.randint(2, 32000, (completion_tokens,), generator=generator).tolist(),
                                   [-10.0] * completion_tokens, "", "length") for _ in range(group_size)]
         rewards = torch.rand(group_size, generator=generator).tolist()
-        groups.append(Group(row={}, prompt="", prompt_ids=prompt, completions=completions, policy_version=0,
-                            rewards=rewards))
+        groups.append(Group(prompt_index=len(groups), row={}, prompt="", prompt_ids=prompt,
+                            completions=completions, policy_version=0, rewards=rewards))
     return groups
 
 

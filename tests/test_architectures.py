@@ -52,7 +52,7 @@ def test_grpo_steps_keep_every_engine_on_the_learners_weights(ray_cluster, tmp_p
     assert summary["steps"] == 2 and summary["rollout_engine"] == engine
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     for record in records:
-        assert record["learner/grad_norm"] > 0
+        assert record["policy/grad_norm"] > 0
         assert record["rollout/logprob_diff_max"] < 1e-3
     before, after = load_file(folder / "model.safetensors"), load_file(tmp_path / "run" / "final" / "model.safetensors")
     assert before.keys() == after.keys()
