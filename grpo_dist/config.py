@@ -239,11 +239,67 @@ class AlgoConfig(Section):
     tis_cap: float | None = Field(
         None, gt=0, description="truncated importance sampling: weigh tokens by min(pi_old/pi_sampler, cap); null: off"
     )
+    ratio_level: Literal["token", "sequence"] = Field(
+        "token", description="token: a ratio per token (GRPO, DAPO); sequence: GSPO's ratio per sequence, the "
+        "geometric mean of its token ratios, clipped as a whole"
+    )
+    mask_truncated: bool = Field(
+        False, description="DAPO's overlong filtering: completions cut off at rollout.max_new_tokens get no loss"
+    )
+    overlong_buffer: float | None = Field(
+        None, gt=0, lt=1, description="DAPO's soft overlong punishment: over the last overlong_buffer x "
+        "rollout.max_new_tokens tokens the reward falls linearly to -1 (the length_penalty reward, added to the "
+        "task's); null: off"
+    )
+    dynamic_sampling: bool = Field(
+        False, description="DAPO: drop groups whose rewards are all equal and generate more, up to "
+        "dynamic_sampling_max_rounds, until prompts_per_step informative groups are in (docs/algorithms.md)"
+    )
+    dynamic_sampling_max_rounds: int | None = Field(
+        None, ge=1, description="with dynamic_sampling: generation rounds per step at most, the first one included; "
+        "then the step trains on the informative groups it has"
+    )
+    lr_schedule: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="learning rate after the warmup, per GRPO step: constant, or linear/cosine decay "
+        "towards 0 over trainer.steps"
+    )
+    warmup_steps: int = Field(0, ge=0, description="GRPO steps of linear warmup to algo.lr (step k < W: lr*(k+1)/W)")
+    ref_refresh_every: int | None = Field(
+        None, ge=1, description="copy the policy into the reference model every N GRPO steps (needs beta > 0); "
+        "null: the reference stays model.path"
+    )
+
+
+class LoraConfig(Section):
+    """LoRA adapters through peft: W x + (alpha / rank) B A x, with B = 0 at the start."""
+
+    rank: int = Field(8, ge=1, description="LoRA rank r")
+    alpha: float = Field(16.0, gt=0, description="LoRA alpha; the adapter's output is scaled by alpha / rank")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapter's input in the grad pass "
+                           "(> 0 makes pi_old differ from the sampler's policy)")
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        "all-linear", description="module names to adapt (e.g. [q_proj, v_proj]), or all-linear (every linear "
+        "layer but the output head)"
+    )
 
 
 class LearnerConfig(Section):
-    num_cpus: float = Field(1.0, ge=0, description="Ray CPUs of the learner actor")
-    num_gpus: float = Field(0.0, ge=0, description="GPUs of the learner actor (policy, reference, optimizer)")
+    num_cpus: float = Field(1.0, ge=0, description="Ray CPUs of the learner actor (of each rank)")
+    num_gpus: float = Field(0.0, ge=0, description="GPUs of the learner actor (of each rank)")
+    num_ranks: int = Field(
+        1, ge=1, description="data-parallel learner ranks: Ray actors in one placement group, each taking its share "
+        "of every batch (gloo on CPUs, NCCL on GPUs); rank 0 exports weights"
+    )
+    lora: LoraConfig | None = Field(
+        None, description="train LoRA adapters (peft) on a frozen base instead of every weight; null: full training"
+    )
+
+    @field_validator("lora")
+    @classmethod
+    def _peft_installed(cls, value: LoraConfig | None) -> LoraConfig | None:
+        if value is not None and importlib.util.find_spec("peft") is None:
+            raise ValueError("peft is not installed: pip install -e '.[lora]', or set learner.lora=null")
+        return value
     threads: int = Field(2, ge=1, description="torch threads (CPU)")
     micro_batch_size: int | None = Field(
         None, ge=1, description="sequences per forward/backward (gradients accumulate exactly); null: all at once"
@@ -330,6 +386,34 @@ class Config(Section):
         return self
 
     @model_validator(mode="after")
+    def _algorithm_options_fit_together(self) -> Config:
+        """Combinations that cannot run, refused before anything starts (each message names the fields)."""
+        algo, learner = self.algo, self.learner
+        if algo.ratio_level == "sequence" and algo.tis_cap is not None:
+            raise ValueError("algo.ratio_level='sequence' (GSPO) does not take algo.tis_cap, a per-token weight: "
+                             "set algo.tis_cap=null or algo.ratio_level=token")
+        if algo.dynamic_sampling and algo.dynamic_sampling_max_rounds is None:
+            raise ValueError("algo.dynamic_sampling needs a bound: set algo.dynamic_sampling_max_rounds (e.g. 3)")
+        if algo.warmup_steps > self.trainer.steps:
+            raise ValueError(f"algo.warmup_steps={algo.warmup_steps} is more than trainer.steps={self.trainer.steps}")
+        if algo.ref_refresh_every is not None and algo.beta == 0:
+            raise ValueError("algo.ref_refresh_every refreshes the KL reference, but algo.beta=0 has none: "
+                             "set algo.beta > 0 or algo.ref_refresh_every=null")
+        if algo.ref_refresh_every is not None and learner.lora is not None:
+            raise ValueError("algo.ref_refresh_every is not supported with learner.lora (the reference is the "
+                             "base model with the adapter switched off)")
+        if algo.overlong_buffer is not None and "length_penalty" in [f.name for f in self.reward.functions]:
+            raise ValueError("algo.overlong_buffer adds the length_penalty reward, which reward.functions already "
+                             "has: drop one of them")
+        if learner.num_ranks > 1 and learner.num_cpus == 0 and learner.num_gpus == 0:
+            raise ValueError("learner.num_ranks > 1 places each rank in a bundle: give learner.num_cpus or "
+                             "learner.num_gpus > 0")
+        if learner.num_ranks > 1 and learner.num_gpus != int(learner.num_gpus):
+            raise ValueError(f"learner.num_ranks > 1 with learner.num_gpus={learner.num_gpus}: the ranks' NCCL "
+                             "group needs a whole GPU per rank")
+        return self
+
+    @model_validator(mode="after")
     def _nccl_needs_gpus(self) -> Config:
         if self.trainer.weight_sync == "nccl" and not nccl_possible(self):
             raise ValueError(
@@ -370,7 +454,9 @@ def apply_override(tree: dict[str, Any], assignment: str) -> None:
         if isinstance(node, list) and part.isdigit() and int(part) < len(node):
             node = node[int(part)]
         elif isinstance(node, dict):
-            node = node.setdefault(part, {})
+            if node.get(part) is None:  # an unset optional section (learner.lora: null) gets its defaults
+                node[part] = {}
+            node = node[part]
         else:
             raise ConfigError(f"override {key}: {part!r} is not a section")
     value = yaml.safe_load(raw) if raw else None
@@ -390,7 +476,10 @@ def describe_error(error: ValidationError) -> str:
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
             message = "unknown field"
-        lines.append(f"{field} = {item['input']!r}: {message}")
+        if isinstance(item["input"], dict):  # a check across fields: its message names them
+            lines.append(f"{field}: {message}" if item["loc"] else message)
+        else:
+            lines.append(f"{field} = {item['input']!r}: {message}")
     return "invalid config: " + "; ".join(lines)
 
 
@@ -439,6 +528,20 @@ def load_config(paths: str | Path | Sequence[str | Path] | None = None, override
         return Config.model_validate(tree)
     except ValidationError as exc:
         raise ConfigError(describe_error(exc)) from None
+
+
+def effective_reward(config: Config) -> RewardConfig:
+    """The reward section the reward workers run: the task's functions, and with
+    `algo.overlong_buffer` DAPO's soft overlong punishment as one more (`length_penalty` with
+    L_max = rollout.max_new_tokens and a buffer of overlong_buffer x L_max tokens, at least 1)."""
+    fraction = config.algo.overlong_buffer
+    if fraction is None:
+        return config.reward
+    max_length = config.rollout.max_new_tokens
+    buffer = min(max(1, round(fraction * max_length)), max_length)
+    penalty = RewardFunctionConfig(name="length_penalty", weight=1.0,
+                                   kwargs={"soft_length": max_length - buffer, "max_length": max_length})
+    return config.reward.model_copy(update={"functions": [*config.reward.functions, penalty]})
 
 
 def dump_config(config: Config) -> str:

@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from grpo_dist.config import Config, ConfigError, load_config
+from grpo_dist.config import Config, ConfigError, effective_reward, load_config
 from grpo_dist.data import DataError, held_out_prompts
 from grpo_dist.metrics import write_json_atomic
 from grpo_dist.seeding import prompt_seed
@@ -168,8 +168,8 @@ def start_actors(config: Config) -> tuple[list[Any], list[Any]]:
     rollouts = [ray.remote(RolloutWorker).options(num_cpus=rollout.num_cpus, num_gpus=rollout.num_gpus)
                 .remote(config.model, rollout, config.trainer.seed * 1000 + index)
                 for index in range(rollout.num_workers)]
-    rewards = [ray.remote(RewardWorker).options(num_cpus=reward.num_cpus, num_gpus=reward.num_gpus).remote(reward)
-               for _ in range(reward.num_workers)]
+    rewards = [ray.remote(RewardWorker).options(num_cpus=reward.num_cpus, num_gpus=reward.num_gpus)
+               .remote(effective_reward(config)) for _ in range(reward.num_workers)]
     ray.get([actor.__ray_ready__.remote() for actor in [*rollouts, *rewards]])
     return rollouts, rewards
 

@@ -16,6 +16,12 @@ of the whole batch, so accumulated gradients equal the whole batch's.
 Every per-token input is zeroed where the mask is unset before anything is computed from
 it: padding and prompt positions, whatever they hold, give log rho = 0 and KL = 0 there.
 
+GSPO (`ratio_level="sequence"`) replaces the token ratio by one ratio per sequence, the
+geometric mean of its token ratios, and clips that:
+
+    s_i   = exp((1/|o_i|) sum_t log rho_it)                  sequence ratio, the same for each token of o_i
+    L_it  = -min(s_i A, clip(s_i, 1 - eps_low, 1 + eps_high) A) + beta * KL_it
+
 The sampler (vLLM) and the learner compute pi_old differently, so the tokens were drawn
 from a slightly different pi_sampler. Truncated importance sampling (TIS) corrects that:
 
@@ -31,6 +37,7 @@ import torch
 
 AdvantageScale = Literal["std", "none"]
 Aggregation = Literal["token_mean", "sequence_mean", "constant"]
+RatioLevel = Literal["token", "sequence"]
 
 
 def group_advantages(
@@ -49,7 +56,7 @@ def group_advantages(
     centered = grouped - grouped.mean(dim=1, keepdim=True)  # r_i - mean(r)
     # All r_i equal: A_i = 0 exactly. The float mean of equal values can miss them (eight 0.7s
     # in float32: by 6e-8), and that residue / (std + eps) is a spurious advantage of one sign.
-    all_equal = (grouped == grouped[:, :1]).all(dim=1, keepdim=True)
+    all_equal = ~informative_groups(rewards, group_size).unsqueeze(1)
     centered = centered.masked_fill(all_equal, 0.0)
     if scale == "none":  # Dr. GRPO: no division by the std
         return centered.flatten()
@@ -57,6 +64,14 @@ def group_advantages(
         raise ValueError(f"scale must be 'std' or 'none', got {scale!r}")
     std = grouped.std(dim=1, keepdim=True)  # Bessel-corrected sample std
     return (centered / (std + eps)).flatten()  # (r_i - mean(r)) / (std(r) + eps)
+
+
+def informative_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """One bool per group of `group_size` consecutive rewards: True unless all its rewards are
+    equal. An uninformative group has zero advantages and carries no gradient; DAPO's dynamic
+    sampling drops such groups and samples more."""
+    grouped = rewards.view(-1, group_size)
+    return ~(grouped == grouped[:, :1]).all(dim=1)
 
 
 def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
@@ -149,15 +164,18 @@ def policy_loss(
     sampler_logprobs: torch.Tensor | None = None,
     tis_cap: float | None = None,
     denominator: float | None = None,
+    ratio_level: RatioLevel = "token",
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The clipped GRPO objective with an optional KL penalty to a reference policy.
 
     logprobs (with grad), old_logprobs, ref_logprobs, sampler_logprobs and mask are [B, T];
     advantages is [B], one value per sequence broadcast over its tokens. With `tis_cap`, the
     policy term of each token is weighted by min(pi_old / pi_sampler, tis_cap). `denominator`
-    is the whole batch's D when these rows are a micro-batch of it (see `aggregate`). Returns
-    the scalar loss and float statistics: `policy_loss` (the loss without the KL term, same
-    D) and means over the unmasked tokens.
+    is the whole batch's D when these rows are a micro-batch of it (see `aggregate`).
+    `ratio_level="sequence"` is GSPO: every token of a sequence carries its sequence ratio s_i
+    (a row is never split, so micro-batches change nothing). Returns the scalar loss and float
+    statistics: `policy_loss` (the loss without the KL term, same D) and means over the
+    unmasked tokens (of s_i's, for GSPO).
     """
     valid = mask.bool()
 
@@ -166,8 +184,16 @@ def policy_loss(
 
     logprobs, old_logprobs = only_valid(logprobs), only_valid(old_logprobs.detach())
     adv = advantages.detach().to(logprobs.dtype).unsqueeze(1)  # A, the same for every token of o_i
-    ratio = torch.exp(logprobs - old_logprobs)  # rho_t = pi_theta / pi_old
-    clipped_ratio = torch.clamp(ratio, 1 - clip_low, 1 + clip_high)  # clip(rho_t, 1-eps_low, 1+eps_high)
+    log_ratio = logprobs - old_logprobs  # log rho_t = log pi_theta - log pi_old (0 off the mask)
+    if ratio_level == "sequence":
+        if tis_cap is not None:
+            raise ValueError("tis_cap weighs tokens: ratio_level='sequence' does not take it")
+        lengths = valid.sum(dim=1, keepdim=True).clamp(min=1)  # |o_i|
+        log_ratio = (log_ratio.sum(dim=1, keepdim=True) / lengths).expand_as(log_ratio)  # log s_i
+    elif ratio_level != "token":
+        raise ValueError(f"ratio_level must be 'token' or 'sequence', got {ratio_level!r}")
+    ratio = torch.exp(log_ratio)  # rho_t = pi_theta / pi_old, or GSPO's s_i on every token of o_i
+    clipped_ratio = torch.clamp(ratio, 1 - clip_low, 1 + clip_high)  # clip(rho, 1-eps_low, 1+eps_high)
     per_token = -torch.min(ratio * adv, clipped_ratio * adv)  # -min(rho A, clip(rho) A)
     if tis_cap is not None:
         if sampler_logprobs is None:

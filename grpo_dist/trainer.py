@@ -15,10 +15,10 @@ from typing import Any, TypeVar
 import ray
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 
-from grpo_dist.config import Config, dump_config
+from grpo_dist.config import Config, dump_config, effective_reward
 from grpo_dist.data import PreparedData, PromptCursor, prepare_data
 from grpo_dist.eval import evaluate, standard_error
-from grpo_dist.learner.worker import Learner
+from grpo_dist.learner.group import start_learner
 from grpo_dist.metrics import MetricsLog, engine_memory, write_json_atomic
 from grpo_dist.placement import in_bundle, rollout_placement_group
 from grpo_dist.report import write_report
@@ -60,7 +60,6 @@ class Actors:
         placement = rollout_placement_group(config.rollout)
         rollout_cls = ray.remote(RolloutWorker)
         reward_cls = ray.remote(RewardWorker).options(num_cpus=config.reward.num_cpus, num_gpus=config.reward.num_gpus)
-        learner_cls = ray.remote(Learner).options(num_cpus=config.learner.num_cpus, num_gpus=config.learner.num_gpus)
         actors = cls(
             rollouts=[
                 rollout_cls.options(
@@ -70,8 +69,8 @@ class Actors:
                 ).remote(config.model, config.rollout, seed * 1000 + index)
                 for index in range(config.rollout.num_workers)
             ],
-            rewards=[reward_cls.remote(config.reward) for _ in range(config.reward.num_workers)],
-            learner=learner_cls.remote(config.model, config.algo, config.learner, config.rollout, seed),
+            rewards=[reward_cls.remote(effective_reward(config)) for _ in range(config.reward.num_workers)],
+            learner=start_learner(config),
             placement=placement,
         )
         actors.wait_ready(config.cluster.actor_start_timeout_s)

@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Qwen2
 from conftest import ENGINES
 from grpo_dist.config import load_config, resolve_path
 from grpo_dist.data import build_prompts
+from grpo_dist.learner.schedule import make_scheduler
 from grpo_dist.learner.worker import Learner
 from grpo_dist.reward.rules import exact_answer
 from grpo_dist.rollout.hf_engine import load_tokenizer
@@ -36,9 +37,11 @@ def make_learner(*overrides: str, sgd: bool = False) -> Learner:
     AdamW's first step, lr * g / (|g| + eps), turns float noise in a gradient near 0 (1e-7
     here, between equal updates computed in different orders) into differences of up to lr."""
     config = make_config(*overrides)
-    learner = Learner(config.model, config.algo, config.learner, config.rollout, seed=0)
+    learner = Learner(config.model, config.algo, config.learner, config.rollout, seed=0,
+                      total_steps=config.trainer.steps)
     if sgd:
         learner.optimizer = torch.optim.SGD(learner.weights.params, lr=0.1)
+        learner.scheduler = make_scheduler(learner.optimizer, config.algo, config.trainer.steps)
     return learner
 
 
@@ -105,12 +108,14 @@ SPLITS = [["learner.micro_batch_size=1"], ["learner.micro_batch_size=7"],
           ["learner.max_tokens_per_micro_batch=40"]]
 
 
-@pytest.mark.parametrize("aggregation", ["token_mean", "sequence_mean", "constant"])
-def test_micro_batches_give_the_whole_batch_update(aggregation):
+@pytest.mark.parametrize("aggregation,ratio_level", [("token_mean", "token"), ("sequence_mean", "token"),
+                                                     ("constant", "token"), ("token_mean", "sequence")])
+def test_micro_batches_give_the_whole_batch_update(aggregation, ratio_level):
     """Sizes 1, 7, a token budget and null: the same parameters after a step, with beta > 0
-    and temperature 0.7, and with two minibatches (pi_old and pi_ref micro-batched too)."""
-    common = [f"algo.aggregation={aggregation}", "algo.beta=0.1", "rollout.temperature=0.7",
-              "algo.minibatch_size=8", "algo.mu=2"]
+    and temperature 0.7, and with two minibatches (pi_old and pi_ref micro-batched too);
+    GSPO's sequence ratio too (a micro-batch holds whole rows)."""
+    common = [f"algo.aggregation={aggregation}", f"algo.ratio_level={ratio_level}", "algo.beta=0.1",
+              "rollout.temperature=0.7", "algo.minibatch_size=8", "algo.mu=2"]
     batch = scored_groups(make_config(*common))
     whole = make_learner(*common, sgd=True)
     expected_metrics = whole.train_step(batch)
@@ -218,6 +223,25 @@ def test_save_then_load_gives_the_same_next_step_bit_for_bit(groups, tmp_path):
     assert AutoTokenizer.from_pretrained(policy_dir).pad_token is not None
     with safe_open(policy_dir / "model.safetensors", "pt") as stored:
         assert {stored.get_slice(name).get_dtype() for name in stored.keys()} == {"F32"}
+
+
+def test_the_reference_is_refreshed_every_k_steps_and_resumes(groups, tmp_path):
+    """ref_refresh_every=2: pi_ref is model.path's for steps 1-2, the policy of version 2 from step 3
+    (the single-step path runs at pi_theta = pi_ref then: KL exactly 0); a checkpoint keeps it."""
+    overrides = ["algo.beta=0.1", "algo.ref_refresh_every=2"]
+    learner = make_learner(*overrides)
+    kls = [learner.train_step(groups)["loss/kl"] for _ in range(2)]
+    assert kls[0] == 0.0 and kls[1] > 0
+    refreshed = state_checksum(learner.reference.state_dict())
+    assert refreshed == learner.checksum()
+    learner.save_state(str(tmp_path / "state"))
+    assert (tmp_path / "state" / "reference" / "config.json").is_file()
+    expected = learner.train_step(groups)
+    assert expected["loss/kl"] == 0.0
+    resumed = make_learner(*overrides)
+    resumed.load_state(str(tmp_path / "state"))
+    assert state_checksum(resumed.reference.state_dict()) == refreshed
+    assert resumed.train_step(groups)["loss/total"] == expected["loss/total"]
 
 
 # ---------------------------------------------------------------- other model families

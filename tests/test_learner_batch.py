@@ -7,9 +7,10 @@ from grpo_dist.learner.batch import TrainBatch
 from grpo_dist.types import Completion, Group
 
 
-def group(prompt_ids: list[int], completions: list[list[int]]) -> Group:
+def group(prompt_ids: list[int], completions: list[list[int]], finish_reasons: list[str] | None = None) -> Group:
+    reasons = finish_reasons or ["stop"] * len(completions)
     return Group(prompt_index=0, row={}, prompt="", prompt_ids=prompt_ids, policy_version=0,
-                 completions=[Completion(ids, [-0.5] * len(ids), "", "stop") for ids in completions])
+                 completions=[Completion(ids, [-0.5] * len(ids), "", reason) for ids, reason in zip(completions, reasons)])
 
 
 # sequence lengths (prompt + completion): 5, 9, 3, 7
@@ -49,3 +50,13 @@ def test_select_cuts_padding_to_the_longest_selected_row():
     assert part.input_ids.shape == (2, 7) and part.mask.shape == (2, 6)
     assert part.advantages.tolist() == [-0.5, 1.0] and part.old_logprobs is None
     assert torch.equal(part.input_ids[1], BATCH.input_ids[0, :7])
+
+
+@pytest.mark.parametrize("mask_truncated", [False, True])
+def test_truncated_completions_leave_the_loss_when_asked(mask_truncated):
+    """DAPO's overlong filtering: the completion cut at the length limit gets mask 0 on every token."""
+    batch = TrainBatch.from_groups([group([1, 2], [[3, 4, 5], [3, 4, 5]], ["stop", "length"])], pad_id=0,
+                                   mask_truncated=mask_truncated)
+    assert batch.mask[0].tolist() == [0, 1, 1, 1]
+    assert batch.mask[1].tolist() == ([0, 0, 0, 0] if mask_truncated else [0, 1, 1, 1])
+    assert batch.input_ids[1].tolist() == [1, 2, 3, 4, 5]  # still in the batch: its reward counts in the group

@@ -27,14 +27,20 @@ class TrainBatch:
     ref_logprobs: torch.Tensor | None = None  # [B, L-1]
 
     @classmethod
-    def from_groups(cls, groups: list[Group], pad_id: int, advantages: torch.Tensor | None = None) -> TrainBatch:
-        """One row per completion, group by group; `advantages` (one per row) default to 0."""
+    def from_groups(cls, groups: list[Group], pad_id: int, advantages: torch.Tensor | None = None,
+                    mask_truncated: bool = False) -> TrainBatch:
+        """One row per completion, group by group; `advantages` (one per row) default to 0.
+
+        With `mask_truncated` (DAPO's overlong filtering) a completion cut off at the length
+        limit (finish_reason "length") gets mask 0 on every token: no loss, no gradient.
+        """
         sequences, masks, sampler = [], [], []
         for group in groups:
             for completion in group.completions:
                 prompt_len, completion_len = len(group.prompt_ids), len(completion.token_ids)
+                in_loss = int(not (mask_truncated and completion.finish_reason == "length"))
                 sequences.append(group.prompt_ids + completion.token_ids)
-                masks.append([0] * (prompt_len - 1) + [1] * completion_len)
+                masks.append([0] * (prompt_len - 1) + [in_loss] * completion_len)
                 sampler.append([0.0] * (prompt_len - 1) + completion.logprobs)
         width = max(len(seq) for seq in sequences)
 

@@ -11,6 +11,7 @@ import resource
 import torch
 
 from grpo_dist import grpo
+from grpo_dist.learner.distributed import DataParallel
 
 
 class StepStats:
@@ -43,6 +44,17 @@ class StepStats:
             self.ratio_min, self.ratio_max = min(self.ratio_min, stats["ratio_min"]), max(self.ratio_max, stats["ratio_max"])
         self.loss += loss.item()
         self.policy_loss += stats["policy_loss"]
+
+    def sum_losses(self, ranks: DataParallel) -> None:
+        """The optimizer step's loss: the sum of every rank's part (each already divided by the global D)."""
+        losses = ranks.sum(torch.tensor([self.loss, self.policy_loss], dtype=torch.float64))
+        self.loss, self.policy_loss = losses.tolist()
+
+    def sum_tokens(self, ranks: DataParallel) -> None:
+        """Token counts and token-weighted sums of every rank, and the ratio range over all of them."""
+        sums = ranks.sum(torch.tensor([self.tokens, *self.token_sums.values()], dtype=torch.float64)).tolist()
+        self.tokens, self.token_sums = sums[0], dict(zip(self.token_sums, sums[1:]))
+        self.ratio_min, self.ratio_max = ranks.min_max(self.ratio_min, self.ratio_max)
 
     def end_update(self, grad_norm: float, skipped: bool) -> None:
         self.updates.append((self.loss, self.policy_loss, grad_norm, skipped))

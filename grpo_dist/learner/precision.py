@@ -18,14 +18,35 @@ micro-batch) + 4 (master gradient) + 8 (AdamW) = 20 bytes per parameter, against
 float32 model.
 
 With `model.dtype=float32` the masters are the model's own parameters and nothing is copied.
+With `learner.lora` only the adapters train, in float32 (lora.py: `LoraWeights`, the same
+interface as `MasterWeights`).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Protocol
+
 import torch
 
+from grpo_dist.config import LoraConfig
 from grpo_dist.dtypes import DTYPES
 from grpo_dist.rollout.hf_engine import load_causal_lm
+
+
+class PolicyWeights(Protocol):
+    """The policy's trainable weights as the learner sees them (`MasterWeights`, `lora.LoraWeights`)."""
+
+    model: torch.nn.Module  # what computes pi_theta
+    params: list[torch.nn.Parameter]  # float32: what AdamW steps, gradients are reduced on
+
+    def zero_grad(self) -> None: ...
+    def collect_grads(self) -> None: ...
+    def publish(self) -> None: ...
+    def served_state_dict(self) -> dict[str, torch.Tensor]: ...
+    def state_dict(self) -> dict[str, torch.Tensor]: ...
+    def save(self, directory: Path) -> None: ...
+    def load(self, directory: Path) -> None: ...
 
 
 class MasterWeights:
@@ -72,6 +93,10 @@ class MasterWeights:
             for compute, master in self._pairs:
                 compute.copy_(master)
 
+    def served_state_dict(self) -> dict[str, torch.Tensor]:
+        """What the engines serve: the compute copies (model.dtype), by Hugging Face name."""
+        return self.model.state_dict()
+
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The model's state dict with the float32 masters in place of the compute copies."""
         master_of = {id(compute): master.detach() for compute, master in self._pairs}
@@ -87,6 +112,14 @@ class MasterWeights:
             master.copy_(state[names[id(compute)]])
         self.publish()
 
+    def save(self, directory: Path) -> None:
+        """The policy in Hugging Face format, holding the float32 masters."""
+        self.model.save_pretrained(directory, state_dict=self.state_dict())
+
+    def load(self, directory: Path) -> None:
+        """Set the masters (and copies) from `save`'s directory."""
+        self.load_state_dict(load_causal_lm(str(directory), "float32").state_dict())
+
 
 def disable_dropout(model: torch.nn.Module) -> None:
     """Dropout off, also in train mode: pi_old must be the sampler's deterministic policy."""
@@ -97,9 +130,13 @@ def disable_dropout(model: torch.nn.Module) -> None:
             module.attention_dropout = 0.0
 
 
-def load_policy(path: str, dtype: str, device: str, gradient_checkpointing: bool = False) -> MasterWeights:
-    """The trainable policy: float32 masters, compute copies in `dtype`, dropout off, train mode."""
-    model = load_causal_lm(path, "float32", device)
+def load_policy(path: str, dtype: str, device: str, gradient_checkpointing: bool = False,
+                lora: LoraConfig | None = None) -> PolicyWeights:
+    """The trainable policy: float32 masters, compute copies in `dtype`, dropout off, train mode.
+
+    With `lora`: the base in `dtype`, frozen, with float32 adapters (lora.py).
+    """
+    model = load_causal_lm(path, "float32" if lora is None else dtype, device)
     disable_dropout(model)
     model.config.use_cache = False
     if gradient_checkpointing:
@@ -107,6 +144,10 @@ def load_policy(path: str, dtype: str, device: str, gradient_checkpointing: bool
             raise ValueError(f"learner.gradient_checkpointing: {type(model).__name__} does not support it")
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()  # transformers checkpoints activations only in train mode; dropout is off
+    if lora is not None:
+        from grpo_dist.learner.lora import LoraWeights, add_adapter  # imports peft: only when used
+
+        return LoraWeights(add_adapter(model, lora), DTYPES[dtype])
     return MasterWeights(model, DTYPES[dtype])
 
 

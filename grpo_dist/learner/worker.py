@@ -1,10 +1,12 @@
 """Learner: the trainable policy, the frozen reference, AdamW, and one GRPO update per step.
 
 One `train_step` reads top to bottom like CleanRL's update: batch -> pi_ref and pi_old ->
-for each pass and minibatch: micro-batches -> logprobs -> grpo.policy_loss -> backward
-(gradients accumulate) -> clip -> AdamW step. The pieces live beside it: batch.py (groups to
-tensors, micro-batches), logprobs.py, precision.py (float32 masters), metrics.py, state.py
-(checkpoints), weight_group.py (the NCCL sender).
+for each pass and minibatch: this rank's micro-batches -> logprobs -> grpo.policy_loss ->
+backward (gradients accumulate) -> sum over ranks -> clip -> AdamW step; then the learning
+rate's schedule steps. The pieces live beside it: batch.py (groups to tensors,
+micro-batches), logprobs.py, precision.py (float32 masters), lora.py (LoRA adapters),
+distributed.py (data-parallel ranks; one rank: no-ops), schedule.py, metrics.py, state.py
+(checkpoints), weight_group.py (the NCCL sender). group.py runs several ranks as one learner.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -22,10 +26,12 @@ from grpo_dist import grpo
 from grpo_dist.config import AlgoConfig, LearnerConfig, ModelConfig, RolloutConfig
 from grpo_dist.learner import state
 from grpo_dist.learner.batch import TrainBatch
+from grpo_dist.learner.distributed import DataParallel
 from grpo_dist.learner.logprobs import batch_logprobs, token_logprobs
 from grpo_dist.learner.metrics import (StepStats, advantage_metrics, peak_memory_mb, reset_peak_memory,
                                        sampler_agreement)
 from grpo_dist.learner.precision import load_policy, load_reference
+from grpo_dist.learner.schedule import make_scheduler
 from grpo_dist.learner.weight_group import WeightGroup
 from grpo_dist.rollout.hf_engine import load_tokenizer
 from grpo_dist.types import Group
@@ -34,24 +40,35 @@ from grpo_dist.weights.checksum import export_state_dict, state_checksum
 
 
 class Learner:
-    """Runs as a Ray actor (see trainer.py); plain class so that it can be used directly."""
+    """Runs as a Ray actor (see trainer.py; group.py for several ranks); plain class so that it
+    can be used directly. `total_steps` (trainer.steps) is the learning-rate schedule's length."""
 
     def __init__(self, model: ModelConfig, algo: AlgoConfig, learner: LearnerConfig,
-                 rollout: RolloutConfig, seed: int) -> None:
+                 rollout: RolloutConfig, seed: int, total_steps: int | None = None) -> None:
         torch.manual_seed(seed)
         torch.set_num_threads(learner.threads)
         self.device = "cuda" if learner.num_gpus > 0 and torch.cuda.is_available() else "cpu"
         self.algo, self.learner, self.rollout = algo, learner, rollout
         self.tokenizer = load_tokenizer(model.path)
-        self.weights = load_policy(model.path, model.dtype, self.device, learner.gradient_checkpointing)
-        self.policy = self.weights.model  # computes in model.dtype; what the engines serve
-        self.reference = load_reference(model.path, model.dtype, self.device) if algo.beta > 0 else None
+        self.weights = load_policy(model.path, model.dtype, self.device, learner.gradient_checkpointing, learner.lora)
+        self.policy = self.weights.model  # computes pi_theta; in model.dtype (LoRA: the adapters in float32)
+        self.reference = self._reference(model) if algo.beta > 0 else None
         self.optimizer = torch.optim.AdamW(self.weights.params, lr=algo.lr, weight_decay=algo.weight_decay)
-        self.generator = torch.Generator().manual_seed(seed)  # minibatch order
+        self.scheduler = make_scheduler(self.optimizer, algo, total_steps)
+        self.ranks = DataParallel()  # one rank until join_ranks
+        self.generator = torch.Generator().manual_seed(seed)  # minibatch order, the same on every rank
         self.weight_group = WeightGroup(self.device)
         self.version = 0
         self.optimizer_steps = 0
         self.skipped_steps = 0
+
+    def _reference(self, model: ModelConfig) -> Callable[..., Any]:
+        """pi_ref: model.path's weights in model.dtype, frozen; with LoRA the base, adapter off (no copy)."""
+        if self.learner.lora is not None:
+            from grpo_dist.learner.lora import BasePolicy
+
+            return BasePolicy(self.policy)
+        return load_reference(model.path, model.dtype, self.device)
 
     def train_step(self, *chunks: list[Group]) -> dict[str, float]:
         """One GRPO update on the scored groups of every chunk; the policy version advances by one.
@@ -64,36 +81,44 @@ class Learner:
         groups = [group for chunk in chunks for group in chunk]
         rewards = torch.tensor([reward for group in groups for reward in group.rewards], dtype=torch.float32)
         advantages = grpo.group_advantages(rewards, self.rollout.group_size, scale=self.algo.advantage_scale)
-        batch = TrainBatch.from_groups(groups, self.tokenizer.pad_token_id, advantages)
+        batch = TrainBatch.from_groups(groups, self.tokenizer.pad_token_id, advantages, self.algo.mask_truncated)
         if self.reference is not None:
-            batch.ref_logprobs = self._logprobs(self.reference, batch)
+            batch.ref_logprobs = self._shared_logprobs(self.reference, batch)
         # pi_old, the weights that sampled. With one optimizer step per batch it is the grad
         # pass itself, detached (filled in by _update); otherwise it is computed once, first.
         single_step = self.algo.mu == 1 and (self.algo.minibatch_size or len(batch)) >= len(batch)
-        batch.old_logprobs = torch.zeros_like(batch.mask) if single_step else self._logprobs(self.policy, batch)
+        batch.old_logprobs = torch.zeros_like(batch.mask) if single_step else self._shared_logprobs(self.policy, batch)
+        lr = self.optimizer.param_groups[0]["lr"]
         stats = StepStats()
         for _ in range(self.algo.mu):
             for rows in self._minibatches(len(batch)):
                 self._update(batch, rows, stats, fill_old=single_step)
+        if single_step:
+            self.ranks.sum(batch.old_logprobs)  # each rank filled its own rows
+        stats.sum_tokens(self.ranks)
+        self.scheduler.step()
         self.version += 1
+        self._refresh_reference()
         tokens = batch.mask.sum().item() * self.algo.mu
+        masked = self.algo.mask_truncated * sum(c.finish_reason == "length" for g in groups for c in g.completions)
         return {
             **stats.metrics(),
             **advantage_metrics(advantages),
             **sampler_agreement(batch.mask, batch.sampler_logprobs, batch.old_logprobs, self.algo.tis_cap),
-            "policy/lr": self.optimizer.param_groups[0]["lr"],
+            "policy/lr": lr,
+            "policy/truncated_masked": float(masked),
             "policy/version": float(self.version),
             "system/learn_tokens_per_s": tokens / (time.perf_counter() - started),
             "system/learner_peak_memory_mb": peak_memory_mb(self.device),
         }
 
     def _update(self, batch: TrainBatch, rows: torch.Tensor, stats: StepStats, fill_old: bool) -> None:
-        """One optimizer step on `rows`, micro-batch by micro-batch; with `fill_old`, each
-        micro-batch's logprobs become its pi_old first (so every ratio is 1)."""
-        # Every micro-batch's loss is divided by D of all `rows`: their sum is the loss of `rows`.
+        """One optimizer step on `rows`, this rank's share of them micro-batch by micro-batch; with
+        `fill_old`, each micro-batch's logprobs become its pi_old first (so every ratio is 1)."""
+        # Every micro-batch's loss (on every rank) is divided by D of all `rows`: the sum is the loss of `rows`.
         denominator = grpo.loss_denominator(batch.mask[rows], self.algo.aggregation, self.rollout.max_new_tokens)
         self.weights.zero_grad()
-        for micro_rows in batch.micro_batches(rows, self.learner.micro_batch_size,
+        for micro_rows in batch.micro_batches(self.ranks.shard(rows, batch.lengths), self.learner.micro_batch_size,
                                               self.learner.max_tokens_per_micro_batch):
             micro = batch.select(micro_rows).to(self.device)
             logprobs, entropy = token_logprobs(self.policy, micro.input_ids, micro.attention_mask,
@@ -115,10 +140,13 @@ class Learner:
                 sampler_logprobs=micro.sampler_logprobs,
                 tis_cap=self.algo.tis_cap,
                 denominator=denominator,
+                ratio_level=self.algo.ratio_level,
             )
             loss.backward()
             self.weights.collect_grads()  # into the float32 master gradients
             stats.add_micro_batch(loss.detach(), micro_stats, entropy, micro.mask)
+        self.ranks.sum_grads(self.weights.params)  # every rank: the gradient of all `rows`
+        stats.sum_losses(self.ranks)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.weights.params, self.algo.max_grad_norm).item()
         skipped = not (math.isfinite(stats.loss) and math.isfinite(grad_norm))
         if skipped:  # weights and AdamW's moments stay as they were
@@ -135,11 +163,21 @@ class Learner:
         step = self.algo.minibatch_size or size
         return [order[i : i + step] for i in range(0, size, step)]
 
-    def _logprobs(self, model: torch.nn.Module, batch: TrainBatch) -> torch.Tensor:
-        """A no-grad pass over the whole batch, micro-batched like the grad pass."""
-        micro_batches = batch.micro_batches(torch.arange(len(batch)), self.learner.micro_batch_size,
-                                            self.learner.max_tokens_per_micro_batch)
+    def _logprobs(self, model: Callable[..., Any], batch: TrainBatch, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """A no-grad pass over `rows` (all by default), micro-batched like the grad pass; 0 elsewhere."""
+        rows = torch.arange(len(batch)) if rows is None else rows
+        micro_batches = batch.micro_batches(rows, self.learner.micro_batch_size, self.learner.max_tokens_per_micro_batch)
         return batch_logprobs(model, batch, micro_batches, self.rollout.temperature, self.device)
+
+    def _shared_logprobs(self, model: Callable[..., Any], batch: TrainBatch) -> torch.Tensor:
+        """`_logprobs` of the whole batch, each rank computing its share (the sum over ranks is the whole)."""
+        return self.ranks.sum(self._logprobs(model, batch, self.ranks.shard(torch.arange(len(batch)), batch.lengths)))
+
+    def _refresh_reference(self) -> None:
+        """Every algo.ref_refresh_every versions pi_ref becomes the policy: the served weights, copied."""
+        every = self.algo.ref_refresh_every
+        if every is not None and self.version % every == 0:
+            self.reference.load_state_dict(self.weights.served_state_dict())
 
     def logprobs(self, groups: list[Group]) -> list[list[list[float]]]:
         """The learner's logprobs of each completion's tokens, shaped like the groups."""
@@ -155,14 +193,15 @@ class Learner:
     # ------------------------------------------------------------ weights to the engines
 
     def export_weights(self) -> dict[str, torch.Tensor]:
-        """The weights the engines serve (model.dtype); through Ray they land in the object store once."""
-        return export_state_dict(self.policy)
+        """The weights the engines serve (model.dtype; LoRA: merged); through Ray they land in the object store once."""
+        return export_state_dict(self.weights.served_state_dict())
 
     def checksum(self) -> str:
         """`state_checksum` of what `export_weights` returns."""
-        return state_checksum(self.policy.state_dict())
+        return state_checksum(self.weights.served_state_dict())
 
     def weight_group_address(self) -> tuple[str, int]:
+        """Where this node can serve a rendezvous (its IP, a free port): the weight group's, or the ranks'."""
         return WeightGroup.address()
 
     def join_weight_group(self, host: str, port: int, world_size: int, timeout_s: float,
@@ -172,14 +211,23 @@ class Learner:
 
     def weight_plan(self, bucket_bytes: int) -> list[nccl.Bucket]:
         """How `send_weights` packs the state dict; every receiver needs the same plan."""
-        return nccl.plan_buckets(self.policy.state_dict(), bucket_bytes)
+        return nccl.plan_buckets(self.weights.served_state_dict(), bucket_bytes)
 
     def send_weights(self, buckets: list[nccl.Bucket]) -> None:
         """Broadcast the served weights over the weight group; returns when they have left."""
-        self.weight_group.send(self.policy.state_dict(), buckets)
+        self.weight_group.send(self.weights.served_state_dict(), buckets)
 
     def leave_weight_group(self) -> None:
         self.weight_group.leave()
+
+    # ------------------------------------------------------------ data-parallel ranks (group.py)
+
+    def join_ranks(self, host: str, port: int, rank: int, world_size: int) -> None:
+        """Become rank `rank` of `world_size` (rank 0 serves the rendezvous at host:port; NCCL on a
+        GPU, gloo on the CPU); rank 0's weights are broadcast to every rank."""
+        self.ranks = DataParallel.join(host, port, rank, world_size, self.device)
+        self.ranks.broadcast(self.weights.params)
+        self.weights.publish()
 
     # ------------------------------------------------------------ saving
 
@@ -187,16 +235,21 @@ class Learner:
         """The learner's share of a checkpoint (learner/state.py); the caller makes it atomic."""
         counters = {"version": self.version, "optimizer_steps": self.optimizer_steps,
                     "skipped_steps": self.skipped_steps}
-        state.save_state(Path(directory), self.weights, self.tokenizer, self.optimizer, self.generator, counters)
+        refreshed = self.reference if self.algo.ref_refresh_every is not None else None
+        state.save_state(Path(directory), self.weights, self.tokenizer, self.optimizer, self.scheduler, refreshed,
+                         self.generator, counters)
 
     def load_state(self, directory: str) -> None:
         """Continue from `save_state`'s directory, in a learner built from the same config."""
-        counters = state.load_state(Path(directory), self.weights, self.optimizer, self.generator)
+        refreshed = self.reference if self.algo.ref_refresh_every is not None else None
+        counters = state.load_state(Path(directory), self.weights, self.optimizer, self.scheduler, refreshed,
+                                    self.generator)
         self.version = counters["version"]
         self.optimizer_steps, self.skipped_steps = counters["optimizer_steps"], counters["skipped_steps"]
 
     def save(self, path: str) -> str:
-        """Write the policy (float32 masters) and tokenizer to `path` atomically (a temporary folder, then rename)."""
+        """Write the policy (float32 masters; LoRA: merged, and the adapter) and tokenizer to `path`
+        atomically (a temporary folder, then rename)."""
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))

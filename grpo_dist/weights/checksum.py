@@ -7,9 +7,9 @@ import hashlib
 import torch
 
 
-def export_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Detached CPU copies of the parameters and buffers, by Hugging Face name."""
-    return {name: tensor.detach().to("cpu", copy=True) for name, tensor in model.state_dict().items()}
+def export_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Detached CPU copies of a model's parameters and buffers, by Hugging Face name."""
+    return {name: tensor.detach().to("cpu", copy=True) for name, tensor in state_dict.items()}
 
 
 def state_checksum(state_dict: dict[str, torch.Tensor]) -> str:
