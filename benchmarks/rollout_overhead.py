@@ -55,7 +55,7 @@ def main() -> None:
     config = load_config(None, ["rollout.engine=vllm", f"rollout.threads={args.threads}", "rollout.num_cpus=1",
                                 "rollout.vllm.cpu_kv_cache_gb=0.5"])
     rows = read_jsonl(config.data.train)[: args.prompts]
-    prompts = build_prompts(rows, config.data.prompt_template, load_tokenizer(config.model.path))
+    prompts = build_prompts(rows, config.data, load_tokenizer(config.model.path))
     prompt_ids = [p.ids for p in prompts]
     seeds = list(range(len(prompts)))
     sampling = SamplingSettings(n=args.n, temperature=args.temperature, max_new_tokens=args.max_new_tokens)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import string
 import tempfile
 from pathlib import Path
 
@@ -31,7 +30,6 @@ SIZES = {  # (hidden, intermediate, layers, heads, kv_heads)
     "0.5b": (1024, 4864, 28, 16, 2),  # ~0.48B parameters with this tokenizer
     "tiny": (64, 128, 2, 2, 1),
 }
-EOS = "<eos>"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -54,30 +52,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def build_tokenizer():
-    """Character-level: <pad>=0, <eos>=1, then one id per character."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    """Character-level (grpo_dist/tasks/tiny.py): <pad>=0, <eos>=1, <unk>=2, then one id per character."""
+    from grpo_dist.tasks.tiny import build_tokenizer as tiny_tokenizer
 
-    chars = string.digits + string.ascii_letters + " +-*/=?.,:()"
-    vocab = {"<pad>": 0, EOS: 1, **{c: i + 2 for i, c in enumerate(chars)}}
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    tokenizer.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=EOS, pad_token="<pad>")
+    return tiny_tokenizer()
 
 
 def build_model(size: str, vocab_size: int) -> torch.nn.Module:
     """A Qwen2ForCausalLM with random weights; vocab_size is the tokenizer's length (vLLM needs it)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from grpo_dist.tasks.tiny import build_model as tiny_model
 
     hidden, intermediate, layers, heads, kv_heads = SIZES[size]
-    config = Qwen2Config(
-        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=1024,
-        tie_word_embeddings=True, bos_token_id=None, eos_token_id=1, pad_token_id=0,
-    )
-    torch.manual_seed(0)
-    return Qwen2ForCausalLM(config).to(torch.bfloat16).eval()
+    model = tiny_model("qwen2", vocab_size, num_layers=layers, num_heads=heads, num_kv_heads=kv_heads,
+                       head_dim=hidden // heads, intermediate_size=intermediate, max_positions=1024)
+    return model.to(torch.bfloat16)
 
 
 def save_model(size: str, folder: Path) -> int:
@@ -130,7 +118,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     if args.dry_run:
         from transformers import AutoModelForCausalLM
 
-        from grpo_dist.weights_nccl import plan_buckets
+        from grpo_dist.weights.nccl import plan_buckets
 
         state = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).state_dict()
         buckets = plan_buckets(state, args.bucket_mb << 20)
@@ -158,7 +146,7 @@ def run(args: argparse.Namespace, folder: Path) -> dict:
     lines = (output_dir / "gpu_smoke" / "metrics.jsonl").read_text().splitlines()
     print(f"{'step':>4} {'gen tok/s':>10} {'learn tok/s':>12} {'sync s':>7} {'staleness':>9} {'reward':>7}")
     for r in (r for r in map(json.loads, lines) if r["kind"] == "train"):
-        print(f"{r['step']:>4} {r['system/generate_tokens_per_s']:>10.0f} {r['learner/tokens_per_s']:>12.0f} "
+        print(f"{r['step']:>4} {r['system/generate_tokens_per_s']:>10.0f} {r['system/learn_tokens_per_s']:>12.0f} "
               f"{r['time/sync_s']:>7.3f} {r['rollout/staleness_max']:>9.0f} {r['reward/mean']:>7.3f}")
     print(json.dumps(summary, indent=2))
     return summary

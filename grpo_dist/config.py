@@ -39,12 +39,6 @@ def check_model_path(value: str) -> str:
     raise ValueError(f"not a model folder and not a hub id: {value!r}")
 
 
-def _existing_file(value: str) -> str:
-    if not Path(resolve_path(value)).is_file():
-        raise ValueError(f"file not found: {value!r}")
-    return value
-
-
 class Section(BaseModel):
     """Unknown keys are errors, so a typo never silently falls back to a default."""
 
@@ -53,7 +47,9 @@ class Section(BaseModel):
 
 class ModelConfig(Section):
     path: str = Field("builtin:arithmetic/model", description="local folder, Hugging Face hub id, or builtin:NAME")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="weights in rollout and learner")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="compute and serving dtype; the learner keeps float32 master weights and AdamW state"
+    )
 
     @field_validator("path")
     @classmethod
@@ -61,16 +57,58 @@ class ModelConfig(Section):
         return check_model_path(value)
 
 
+DATA_FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
+
+
+def check_dataset(value: str) -> str:
+    """`value` unchanged if it is a data file that exists, a local dataset folder, or a hub id."""
+    path = Path(resolve_path(value))
+    if path.suffix in DATA_FILE_SUFFIXES:
+        if not path.is_file():
+            raise ValueError(f"file not found: {value!r}")
+        return value
+    if path.is_dir() or (HUB_ID.match(value) and not value.startswith(".")):
+        return value
+    raise ValueError(
+        f"not a data file ({', '.join(DATA_FILE_SUFFIXES)}), a dataset folder or a hub id: {value!r}"
+    )
+
+
 class DataConfig(Section):
-    train: str = Field("builtin:arithmetic/train.jsonl", description="JSONL file, one row per prompt")
-    eval: str | None = Field("builtin:arithmetic/eval.jsonl", description="held-out JSONL, or null")
-    prompt_template: str = Field("{prompt}", description="str.format template over the row's fields")
+    """Where prompts come from and how a row becomes one (docs/data.md)."""
+
+    train: str = Field(
+        "builtin:arithmetic/train.jsonl",
+        description="training rows: a .jsonl/.json/.parquet file, a dataset folder, or a Hugging Face hub id",
+    )
+    eval: str | None = Field("builtin:arithmetic/eval.jsonl", description="held-out rows (same kinds), or null")
+    split: str = Field("train", description="split of data.train when it is a dataset folder or hub id")
+    eval_split: str = Field("test", description="split of data.eval when it is a dataset folder or hub id")
+    subset: str | None = Field(None, description="dataset configuration (subset) of a folder or hub id, e.g. main")
+    prompt_field: str = Field(
+        "prompt", description="row field holding the prompt: a string, or a list of {role, content} messages"
+    )
+    answer_field: str = Field(
+        "answer", description="row field holding the reference answer; rewards receive it as `answer`"
+    )
+    prompt_template: str = Field(
+        "{prompt}", description="str.format template over the row's fields ({prompt}: the prompt field's text)"
+    )
+    chat_template: Literal["auto", "true", "false"] = Field(
+        "auto", description="apply the tokenizer's chat template (auto: when it has one)"
+    )
+    system_prompt: str | None = Field(None, description="system message put before each prompt (chat template only)")
     eval_rows: int | None = Field(None, ge=1, description="evaluate on the first N eval rows (all if null)")
+
+    @field_validator("chat_template", mode="before")
+    @classmethod
+    def _yaml_booleans(cls, value: Any) -> Any:
+        return str(value).lower() if isinstance(value, bool) else value
 
     @field_validator("train", "eval")
     @classmethod
-    def _files_exist(cls, value: str | None) -> str | None:
-        return None if value is None else _existing_file(value)
+    def _local_or_hub(cls, value: str | None) -> str | None:
+        return None if value is None else check_dataset(value)
 
 
 def vllm_installed() -> bool:
@@ -129,8 +167,23 @@ class RolloutConfig(Section):
     prompts_per_step: int = Field(32, ge=1, description="prompts per GRPO step; the batch is prompts_per_step*group_size")
     temperature: float = Field(1.0, gt=0, description="sampling temperature (the learner's logprobs use it too)")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling; <1 makes sampler and learner logprobs differ")
+    top_k: int = Field(0, ge=0, description="sample among the k most likely tokens; 0: all (k>0: like top_p < 1)")
     max_new_tokens: int = Field(8, ge=1, description="completion length limit (also Dr. GRPO's constant divisor)")
+    stop: list[str] = Field(
+        default_factory=list, description="stop strings (kept in the completion), besides the EOS ids of tokenizer "
+        "and generation config"
+    )
+    max_prompt_tokens: int | None = Field(
+        None, ge=1, description="longer prompts are dropped before training; null: the context minus max_new_tokens"
+    )
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_strings_not_empty(cls, value: list[str]) -> list[str]:
+        if "" in value:
+            raise ValueError("an empty stop string would stop every completion at once")
+        return value
 
     @field_validator("engine")
     @classmethod
@@ -222,15 +275,78 @@ class AlgoConfig(Section):
     tis_cap: float | None = Field(
         None, gt=0, description="truncated importance sampling: weigh tokens by min(pi_old/pi_sampler, cap); null: off"
     )
+    ratio_level: Literal["token", "sequence"] = Field(
+        "token", description="token: a ratio per token (GRPO, DAPO); sequence: GSPO's ratio per sequence, the "
+        "geometric mean of its token ratios, clipped as a whole"
+    )
+    mask_truncated: bool = Field(
+        False, description="DAPO's overlong filtering: completions cut off at rollout.max_new_tokens get no loss"
+    )
+    overlong_buffer: float | None = Field(
+        None, gt=0, lt=1, description="DAPO's soft overlong punishment: over the last overlong_buffer x "
+        "rollout.max_new_tokens tokens the reward falls linearly to -1 (the length_penalty reward, added to the "
+        "task's); null: off"
+    )
+    dynamic_sampling: bool = Field(
+        False, description="DAPO: drop groups whose rewards are all equal and generate more, up to "
+        "dynamic_sampling_max_rounds, until prompts_per_step informative groups are in (docs/algorithms.md)"
+    )
+    dynamic_sampling_max_rounds: int | None = Field(
+        None, ge=1, description="with dynamic_sampling: generation rounds per step at most, the first one included; "
+        "then the step trains on the informative groups it has"
+    )
+    lr_schedule: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="learning rate after the warmup, per GRPO step: constant, or linear/cosine decay "
+        "towards 0 over trainer.steps"
+    )
+    warmup_steps: int = Field(0, ge=0, description="GRPO steps of linear warmup to algo.lr (step k < W: lr*(k+1)/W)")
+    ref_refresh_every: int | None = Field(
+        None, ge=1, description="copy the policy into the reference model every N GRPO steps (needs beta > 0); "
+        "null: the reference stays model.path"
+    )
+
+
+class LoraConfig(Section):
+    """LoRA adapters through peft: W x + (alpha / rank) B A x, with B = 0 at the start."""
+
+    rank: int = Field(8, ge=1, description="LoRA rank r")
+    alpha: float = Field(16.0, gt=0, description="LoRA alpha; the adapter's output is scaled by alpha / rank")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapter's input in the grad pass "
+                           "(> 0 makes pi_old differ from the sampler's policy)")
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        "all-linear", description="module names to adapt (e.g. [q_proj, v_proj]), or all-linear (every linear "
+        "layer but the output head)"
+    )
 
 
 class LearnerConfig(Section):
-    num_cpus: float = Field(1.0, ge=0, description="Ray CPUs of the learner actor")
-    num_gpus: float = Field(0.0, ge=0, description="GPUs of the learner actor (policy, reference, optimizer); a "
-                            "fraction shares a GPU with rollout workers")
-    resources: dict[str, float] = resources_field("learner")
-    node_labels: dict[str, str] = node_labels_field("learner")
+    num_cpus: float = Field(1.0, ge=0, description="Ray CPUs of the learner actor (of each rank)")
+    num_gpus: float = Field(0.0, ge=0, description="GPUs of the learner actor (of each rank); a fraction shares a "
+                            "GPU with rollout workers")
+    resources: dict[str, float] = resources_field("learner rank")
+    node_labels: dict[str, str] = node_labels_field("learner rank")
+    num_ranks: int = Field(
+        1, ge=1, description="data-parallel learner ranks: Ray actors in one placement group, each taking its share "
+        "of every batch (gloo on CPUs, NCCL on GPUs); rank 0 exports weights"
+    )
+    lora: LoraConfig | None = Field(
+        None, description="train LoRA adapters (peft) on a frozen base instead of every weight; null: full training"
+    )
+
+    @field_validator("lora")
+    @classmethod
+    def _peft_installed(cls, value: LoraConfig | None) -> LoraConfig | None:
+        if value is not None and importlib.util.find_spec("peft") is None:
+            raise ValueError("peft is not installed: pip install -e '.[lora]', or set learner.lora=null")
+        return value
     threads: int = Field(2, ge=1, description="torch threads (CPU)")
+    micro_batch_size: int | None = Field(
+        None, ge=1, description="sequences per forward/backward (gradients accumulate exactly); null: all at once"
+    )
+    max_tokens_per_micro_batch: int | None = Field(
+        None, ge=1, description="padded tokens (sequences x longest) per forward/backward; a longer sequence goes alone"
+    )
+    gradient_checkpointing: bool = Field(False, description="recompute activations in backward: less memory, more time")
 
     @model_validator(mode="after")
     def _actor_reserves_resources(self) -> LearnerConfig:
@@ -326,6 +442,34 @@ class Config(Section):
         return self
 
     @model_validator(mode="after")
+    def _algorithm_options_fit_together(self) -> Config:
+        """Combinations that cannot run, refused before anything starts (each message names the fields)."""
+        algo, learner = self.algo, self.learner
+        if algo.ratio_level == "sequence" and algo.tis_cap is not None:
+            raise ValueError("algo.ratio_level='sequence' (GSPO) does not take algo.tis_cap, a per-token weight: "
+                             "set algo.tis_cap=null or algo.ratio_level=token")
+        if algo.dynamic_sampling and algo.dynamic_sampling_max_rounds is None:
+            raise ValueError("algo.dynamic_sampling needs a bound: set algo.dynamic_sampling_max_rounds (e.g. 3)")
+        if algo.warmup_steps > self.trainer.steps:
+            raise ValueError(f"algo.warmup_steps={algo.warmup_steps} is more than trainer.steps={self.trainer.steps}")
+        if algo.ref_refresh_every is not None and algo.beta == 0:
+            raise ValueError("algo.ref_refresh_every refreshes the KL reference, but algo.beta=0 has none: "
+                             "set algo.beta > 0 or algo.ref_refresh_every=null")
+        if algo.ref_refresh_every is not None and learner.lora is not None:
+            raise ValueError("algo.ref_refresh_every is not supported with learner.lora (the reference is the "
+                             "base model with the adapter switched off)")
+        if algo.overlong_buffer is not None and "length_penalty" in [f.name for f in self.reward.functions]:
+            raise ValueError("algo.overlong_buffer adds the length_penalty reward, which reward.functions already "
+                             "has: drop one of them")
+        if learner.num_ranks > 1 and learner.num_cpus == 0 and learner.num_gpus == 0:
+            raise ValueError("learner.num_ranks > 1 places each rank in a bundle: give learner.num_cpus or "
+                             "learner.num_gpus > 0")
+        if learner.num_ranks > 1 and learner.num_gpus != int(learner.num_gpus):
+            raise ValueError(f"learner.num_ranks > 1 with learner.num_gpus={learner.num_gpus}: the ranks' NCCL "
+                             "group needs a whole GPU per rank")
+        return self
+
+    @model_validator(mode="after")
     def _nccl_needs_gpus(self) -> Config:
         if self.trainer.weight_sync == "nccl" and not nccl_possible(self):
             raise ValueError(
@@ -366,7 +510,9 @@ def apply_override(tree: dict[str, Any], assignment: str) -> None:
         if isinstance(node, list) and part.isdigit() and int(part) < len(node):
             node = node[int(part)]
         elif isinstance(node, dict):
-            node = node.setdefault(part, {})
+            if node.get(part) is None:  # an unset optional section (learner.lora: null) gets its defaults
+                node[part] = {}
+            node = node[part]
         else:
             raise ConfigError(f"override {key}: {part!r} is not a section")
     value = yaml.safe_load(raw) if raw else None
@@ -386,7 +532,10 @@ def describe_error(error: ValidationError) -> str:
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
             message = "unknown field"
-        lines.append(f"{field} = {item['input']!r}: {message}")
+        if isinstance(item["input"], dict):  # a check across fields: its message names them
+            lines.append(f"{field}: {message}" if item["loc"] else message)
+        else:
+            lines.append(f"{field} = {item['input']!r}: {message}")
     return "invalid config: " + "; ".join(lines)
 
 
@@ -435,6 +584,20 @@ def load_config(paths: str | Path | Sequence[str | Path] | None = None, override
         return Config.model_validate(tree)
     except ValidationError as exc:
         raise ConfigError(describe_error(exc)) from None
+
+
+def effective_reward(config: Config) -> RewardConfig:
+    """The reward section the reward workers run: the task's functions, and with
+    `algo.overlong_buffer` DAPO's soft overlong punishment as one more (`length_penalty` with
+    L_max = rollout.max_new_tokens and a buffer of overlong_buffer x L_max tokens, at least 1)."""
+    fraction = config.algo.overlong_buffer
+    if fraction is None:
+        return config.reward
+    max_length = config.rollout.max_new_tokens
+    buffer = min(max(1, round(fraction * max_length)), max_length)
+    penalty = RewardFunctionConfig(name="length_penalty", weight=1.0,
+                                   kwargs={"soft_length": max_length - buffer, "max_length": max_length})
+    return config.reward.model_copy(update={"functions": [*config.reward.functions, penalty]})
 
 
 def dump_config(config: Config) -> str:

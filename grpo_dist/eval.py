@@ -18,15 +18,17 @@ import json
 import math
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from grpo_dist.config import Config, ConfigError, DataConfig, load_config
-from grpo_dist.data import build_prompts, read_jsonl
+from grpo_dist.config import Config, ConfigError, effective_reward, load_config
+from grpo_dist.data import DataError, held_out_prompts
 from grpo_dist.metrics import write_json_atomic
 from grpo_dist.seeding import prompt_seed
+from grpo_dist.rollout.sampling import sampling_settings
 from grpo_dist.types import Group, Prompt, SamplingSettings
 
 # Evaluation samples from the streams of this step number, which no training step uses, and
@@ -52,15 +54,6 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 def standard_error(accuracy: float, n: int) -> float:
     """sqrt(p (1 - p) / n): the binomial standard error of an accuracy over n rows."""
     return math.sqrt(max(accuracy * (1 - accuracy), 0.0) / max(n, 1))
-
-
-def held_out_prompts(data: DataConfig, tokenizer: Any) -> list[Prompt]:
-    """The first `data.eval_rows` rows of `data.eval` (all when null; none without a split),
-    rendered and tokenized."""
-    if not data.eval:
-        return []
-    rows = read_jsonl(data.eval)
-    return build_prompts(rows[: data.eval_rows] if data.eval_rows else rows, data.prompt_template, tokenizer)
 
 
 def is_correct(value: float) -> bool:
@@ -102,7 +95,7 @@ def evaluate(rollouts: list[Any], rewards: list[Any], prompts: list[Prompt], con
     """
     clock = time.perf_counter()
     accuracy_from, seed = config.reward.accuracy_from, config.trainer.seed
-    greedy = SamplingSettings(n=1, temperature=0.0, max_new_tokens=config.rollout.max_new_tokens)
+    greedy = sampling_settings(config.rollout, greedy=True)
     timeout_s = config.trainer.call_timeout_s
     groups = score(rewards, generate(rollouts, prompts, greedy, seed, timeout_s), timeout_s)
     accuracy = sum(is_correct(g.reward_parts[accuracy_from][0]) for g in groups) / len(groups)
@@ -114,8 +107,8 @@ def evaluate(rollouts: list[Any], rewards: list[Any], prompts: list[Prompt], con
     }
     if ks:
         n = max(ks)
-        sampling = SamplingSettings(n=n, temperature=config.rollout.temperature if temperature is None else temperature,
-                                    top_p=config.rollout.top_p, max_new_tokens=config.rollout.max_new_tokens)
+        sampling = replace(sampling_settings(config.rollout), n=n,
+                           temperature=config.rollout.temperature if temperature is None else temperature)
         correct = [sum(map(is_correct, g.reward_parts[accuracy_from]))
                    for g in score(rewards, generate(rollouts, prompts, sampling, seed, timeout_s), timeout_s)]
         for k in sorted(ks):
@@ -180,8 +173,8 @@ def start_actors(config: Config) -> tuple[list[Any], list[Any]]:
     rollouts = [ray.remote(RolloutWorker).options(num_cpus=rollout.num_cpus, num_gpus=rollout.num_gpus)
                 .remote(config.model, rollout, config.trainer.seed * 1000 + index)
                 for index in range(rollout.num_workers)]
-    rewards = [ray.remote(RewardWorker).options(num_cpus=reward.num_cpus, num_gpus=reward.num_gpus).remote(reward)
-               for _ in range(reward.num_workers)]
+    rewards = [ray.remote(RewardWorker).options(num_cpus=reward.num_cpus, num_gpus=reward.num_gpus)
+               .remote(effective_reward(config)) for _ in range(reward.num_workers)]
     ray.get([actor.__ray_ready__.remote() for actor in [*rollouts, *rewards]])
     return rollouts, rewards
 
@@ -206,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
         ks = parse_ks(args.k)
         if args.temperature is not None and (not ks or args.temperature <= 0):
             raise ConfigError(f"--temperature {args.temperature}: it sets pass@k's sampling: give --k, and a value > 0")
-    except ConfigError as exc:
+        prompts = held_out_prompts(config)  # bad data exits here, before Ray starts
+    except (ConfigError, DataError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
@@ -215,10 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     connect_ray(config)  # before anything imports ray: it sets how a local cluster starts
     import ray
 
-    from grpo_dist.rollout.hf_engine import load_tokenizer
-
     try:
-        prompts = held_out_prompts(config.data, load_tokenizer(config.model.path))
         rollouts, rewards = start_actors(config)
         metrics = evaluate(rollouts, rewards, prompts, config, ks, args.temperature)
         engine = ray.get(rollouts[0].describe.remote())["engine"]

@@ -8,7 +8,19 @@ Notation (one prompt q, a group of G completions o_1..o_G with rewards r_1..r_G)
     KL_t  = exp(log pi_ref - log pi_theta) - (log pi_ref - log pi_theta) - 1   (k3, >= 0)
 
 and the per-token losses L_t are averaged over the batch in one of three ways
-(`aggregation`), which is where GRPO, DAPO and Dr. GRPO differ.
+(`aggregation`), which is where GRPO, DAPO and Dr. GRPO differ. Each is a sum over the
+batch divided by a denominator D of the whole batch (`loss_denominator`); passing that D
+explicitly makes the losses of micro-batches (or of data-parallel ranks) add up to the loss
+of the whole batch, so accumulated gradients equal the whole batch's.
+
+Every per-token input is zeroed where the mask is unset before anything is computed from
+it: padding and prompt positions, whatever they hold, give log rho = 0 and KL = 0 there.
+
+GSPO (`ratio_level="sequence"`) replaces the token ratio by one ratio per sequence, the
+geometric mean of its token ratios, and clips that:
+
+    s_i   = exp((1/|o_i|) sum_t log rho_it)                  sequence ratio, the same for each token of o_i
+    L_it  = -min(s_i A, clip(s_i, 1 - eps_low, 1 + eps_high) A) + beta * KL_it
 
 The sampler (vLLM) and the learner compute pi_old differently, so the tokens were drawn
 from a slightly different pi_sampler. Truncated importance sampling (TIS) corrects that:
@@ -25,6 +37,7 @@ import torch
 
 AdvantageScale = Literal["std", "none"]
 Aggregation = Literal["token_mean", "sequence_mean", "constant"]
+RatioLevel = Literal["token", "sequence"]
 
 
 def group_advantages(
@@ -32,8 +45,8 @@ def group_advantages(
 ) -> torch.Tensor:
     """Advantages of N*G rewards, each run of `group_size` consecutive values one group.
 
-    A group whose rewards are all equal gets zero advantages (no NaN): it carries no
-    signal about which completion was better.
+    A group whose rewards are all equal gets exactly zero advantages (no NaN, no rounding
+    residue): it carries no signal about which completion was better.
     """
     if rewards.dim() != 1 or rewards.numel() % group_size != 0:
         raise ValueError(f"rewards must be 1-D with a multiple of {group_size} values, got {tuple(rewards.shape)}")
@@ -41,6 +54,10 @@ def group_advantages(
         raise ValueError(f"group_size must be >= 2, got {group_size}")
     grouped = rewards.float().view(-1, group_size)
     centered = grouped - grouped.mean(dim=1, keepdim=True)  # r_i - mean(r)
+    # All r_i equal: A_i = 0 exactly. The float mean of equal values can miss them (eight 0.7s
+    # in float32: by 6e-8), and that residue / (std + eps) is a spurious advantage of one sign.
+    all_equal = ~informative_groups(rewards, group_size).unsqueeze(1)
+    centered = centered.masked_fill(all_equal, 0.0)
     if scale == "none":  # Dr. GRPO: no division by the std
         return centered.flatten()
     if scale != "std":
@@ -49,28 +66,68 @@ def group_advantages(
     return (centered / (std + eps)).flatten()  # (r_i - mean(r)) / (std(r) + eps)
 
 
+def informative_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """One bool per group of `group_size` consecutive rewards: True unless all its rewards are
+    equal. An uninformative group has zero advantages and carries no gradient; DAPO's dynamic
+    sampling drops such groups and samples more."""
+    grouped = rewards.view(-1, group_size)
+    return ~(grouped == grouped[:, :1]).all(dim=1)
+
+
 def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     """Schulman's k3 estimator of KL(pi_theta || pi_ref) per token: unbiased and >= 0."""
     log_ratio = ref_logprobs - logprobs  # log pi_ref - log pi_theta
     return torch.exp(log_ratio) - log_ratio - 1
 
 
-def aggregate(
-    per_token: torch.Tensor, mask: torch.Tensor, aggregation: Aggregation, max_tokens: int | None = None
-) -> torch.Tensor:
-    """Reduce [B, T] per-token values under `mask` to a scalar."""
-    mask = mask.to(per_token.dtype)
-    masked_sum = (per_token * mask).sum()
-    if aggregation == "token_mean":  # DAPO: every token in the batch weighs the same
-        return masked_sum / mask.sum().clamp(min=1)
-    if aggregation == "sequence_mean":  # DeepSeekMath GRPO: every sequence weighs the same
-        per_sequence = (per_token * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
-        return per_sequence.mean()
-    if aggregation == "constant":  # Dr. GRPO: a fixed divisor, no length bias
+def loss_denominator(mask: torch.Tensor, aggregation: Aggregation, max_tokens: int | None = None) -> float:
+    """D of a whole (mini)batch of B sequences, for `aggregate`:
+
+        token_mean     D = sum_{i,t} m_it          the batch's completion tokens (at least 1)
+        sequence_mean  D = B                       its number of sequences
+        constant       D = B * max_tokens          Dr. GRPO's fixed divisor
+
+    Data-parallel ranks sum their D (an all-reduce) to get the global one.
+    """
+    if aggregation == "token_mean":
+        return max(float(mask.sum()), 1.0)
+    if aggregation == "sequence_mean":
+        return float(mask.shape[0])
+    if aggregation == "constant":
         if max_tokens is None:
             raise ValueError("aggregation='constant' needs max_tokens")
-        return masked_sum / (per_token.shape[0] * max_tokens)
+        return float(mask.shape[0] * max_tokens)
     raise ValueError(f"unknown aggregation {aggregation!r}")
+
+
+def aggregate(
+    per_token: torch.Tensor,
+    mask: torch.Tensor,
+    aggregation: Aggregation,
+    max_tokens: int | None = None,
+    denominator: float | None = None,
+) -> torch.Tensor:
+    """Reduce [B, T] per-token values under `mask` to a scalar: a sum over these rows / D.
+
+        token_mean     sum_{i,t} m_it L_it / D                  DAPO: every token weighs the same
+        sequence_mean  sum_i (sum_t m_it L_it / |o_i|) / D      GRPO: every sequence weighs the same
+        constant       sum_{i,t} m_it L_it / D                  Dr. GRPO: no length bias
+
+    D is `denominator` when given (the whole batch's, so that the values of its parts add up
+    to the whole's), else `loss_denominator` of these rows. Masked positions count as 0,
+    whatever they hold.
+    """
+    valid = mask.bool()
+    masked = torch.where(valid, per_token, torch.zeros_like(per_token))  # m_it L_it
+    if aggregation == "sequence_mean":
+        numerator = (masked.sum(dim=1) / valid.sum(dim=1).clamp(min=1)).sum()  # sum_i mean_t L_it
+    elif aggregation in ("token_mean", "constant"):
+        numerator = masked.sum()  # sum_{i,t} m_it L_it
+    else:
+        raise ValueError(f"unknown aggregation {aggregation!r}")
+    if denominator is None:
+        denominator = loss_denominator(mask, aggregation, max_tokens)
+    return numerator / denominator
 
 
 def truncated_importance_weights(
@@ -106,31 +163,54 @@ def policy_loss(
     max_tokens: int | None = None,
     sampler_logprobs: torch.Tensor | None = None,
     tis_cap: float | None = None,
+    denominator: float | None = None,
+    ratio_level: RatioLevel = "token",
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The clipped GRPO objective with an optional KL penalty to a reference policy.
 
     logprobs (with grad), old_logprobs, ref_logprobs, sampler_logprobs and mask are [B, T];
     advantages is [B], one value per sequence broadcast over its tokens. With `tis_cap`, the
-    policy term of each token is weighted by min(pi_old / pi_sampler, tis_cap). Returns the
-    scalar loss and float statistics over the unmasked tokens.
+    policy term of each token is weighted by min(pi_old / pi_sampler, tis_cap). `denominator`
+    is the whole batch's D when these rows are a micro-batch of it (see `aggregate`).
+    `ratio_level="sequence"` is GSPO: every token of a sequence carries its sequence ratio s_i
+    (a row is never split, so micro-batches change nothing). Returns the scalar loss and float
+    statistics: `policy_loss` (the loss without the KL term, same D) and means over the
+    unmasked tokens (of s_i's, for GSPO).
     """
-    old_logprobs = old_logprobs.detach()
+    valid = mask.bool()
+
+    def only_valid(values: torch.Tensor) -> torch.Tensor:  # 0 where the mask is unset
+        return torch.where(valid, values, torch.zeros_like(values))
+
+    logprobs, old_logprobs = only_valid(logprobs), only_valid(old_logprobs.detach())
     adv = advantages.detach().to(logprobs.dtype).unsqueeze(1)  # A, the same for every token of o_i
-    ratio = torch.exp(logprobs - old_logprobs)  # rho_t = pi_theta / pi_old
-    clipped_ratio = torch.clamp(ratio, 1 - clip_low, 1 + clip_high)  # clip(rho_t, 1-eps_low, 1+eps_high)
+    log_ratio = logprobs - old_logprobs  # log rho_t = log pi_theta - log pi_old (0 off the mask)
+    if ratio_level == "sequence":
+        if tis_cap is not None:
+            raise ValueError("tis_cap weighs tokens: ratio_level='sequence' does not take it")
+        lengths = valid.sum(dim=1, keepdim=True).clamp(min=1)  # |o_i|
+        log_ratio = (log_ratio.sum(dim=1, keepdim=True) / lengths).expand_as(log_ratio)  # log s_i
+    elif ratio_level != "token":
+        raise ValueError(f"ratio_level must be 'token' or 'sequence', got {ratio_level!r}")
+    ratio = torch.exp(log_ratio)  # rho_t = pi_theta / pi_old, or GSPO's s_i on every token of o_i
+    clipped_ratio = torch.clamp(ratio, 1 - clip_low, 1 + clip_high)  # clip(rho, 1-eps_low, 1+eps_high)
     per_token = -torch.min(ratio * adv, clipped_ratio * adv)  # -min(rho A, clip(rho) A)
     if tis_cap is not None:
         if sampler_logprobs is None:
             raise ValueError("tis_cap needs sampler_logprobs")
-        per_token = truncated_importance_weights(old_logprobs, sampler_logprobs, tis_cap) * per_token  # w_t * ...
+        weights = truncated_importance_weights(old_logprobs, only_valid(sampler_logprobs), tis_cap)
+        per_token = weights * per_token  # w_t * -min(rho A, clip(rho) A)
+    policy_term = per_token
     kl = None
     if beta != 0.0:
         if ref_logprobs is None:
             raise ValueError("beta != 0 needs ref_logprobs")
-        kl = kl_k3(logprobs, ref_logprobs.detach())
+        kl = kl_k3(logprobs, only_valid(ref_logprobs.detach()))
         per_token = per_token + beta * kl  # + beta * KL_k3
-    loss = aggregate(per_token, mask, aggregation, max_tokens)
-    return loss, _loss_stats(ratio, adv, mask, clip_low, clip_high, kl)
+    loss = aggregate(per_token, mask, aggregation, max_tokens, denominator)
+    stats = _loss_stats(ratio, adv, mask, clip_low, clip_high, kl)
+    stats["policy_loss"] = aggregate(policy_term.detach(), mask, aggregation, max_tokens, denominator).item()
+    return loss, stats
 
 
 @torch.no_grad()

@@ -1,8 +1,8 @@
 """Command line: `python -m grpo_dist.launch [--config FILE] [--resume RUN_DIR|auto] [section.field=value ...]`.
 
 With no arguments it trains the built-in default (configs/default.yaml) on the CPU.
-Exit codes: 0 done; 1 a failed run; 2 the run could not start: an invalid config, a run
-directory that holds another run, a checkpoint that is incomplete or was made with a config
+Exit codes: 0 done; 1 a failed run; 2 the run could not start: an invalid config or dataset, a
+run directory that holds another run, a checkpoint that is incomplete or was made with a config
 that differs in a field that decides what is trained, a Ray address that does not answer.
 Code 2 comes with one message, before any actor starts and before anything is written.
 """
@@ -19,6 +19,7 @@ from pathlib import Path
 
 from grpo_dist.checkpoint import Checkpoint, CheckpointError, check_resume_config, find_run, resume_checkpoint
 from grpo_dist.config import Config, ConfigError, dump_config, load_config
+from grpo_dist.data import DataError, prepare_data
 
 PROBE_TIMEOUT_S = 2.0
 
@@ -195,8 +196,9 @@ def main(argv: list[str] | None = None) -> int:
         if plan.checkpoint is not None:  # issue 10, wave 2: Trainer(..., resume=plan.checkpoint)
             raise StartError(f"{plan.checkpoint.path} is a valid checkpoint, but the trainer cannot resume yet")
         check_new_run_dir(plan.run_dir)
+        data = prepare_data(plan.config)  # bad data exits here, before Ray starts
         connect_ray(plan.config)
-    except (ConfigError, CheckpointError, StartError) as exc:
+    except (ConfigError, CheckpointError, DataError, StartError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
@@ -205,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     from grpo_dist.trainer import Trainer
 
     try:
-        summary = Trainer(plan.config, plan.run_dir).run()
+        summary = Trainer(plan.config, plan.run_dir, data=data).run()
     finally:
         ray.shutdown()
     print(json.dumps(summary, indent=2))

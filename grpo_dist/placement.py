@@ -56,7 +56,7 @@ def roles(config: Config) -> list[Role]:
              rollout.node_labels, rollout.placement),
         Role("reward", reward.num_workers, reward.num_cpus, reward.num_gpus, reward.resources,
              reward.node_labels, reward.placement),
-        Role("learner", 1, learner.num_cpus, learner.num_gpus, learner.resources, learner.node_labels),
+        Role("learner", learner.num_ranks, learner.num_cpus, learner.num_gpus, learner.resources, learner.node_labels),
     ]
 
 

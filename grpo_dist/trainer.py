@@ -27,16 +27,16 @@ from typing import Any
 import ray
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 
-from grpo_dist.config import Config, dump_config
-from grpo_dist.data import PromptCursor, build_prompts, read_jsonl
-from grpo_dist.eval import evaluate, held_out_prompts, standard_error
-from grpo_dist.learner.worker import Learner
+from grpo_dist.config import Config, dump_config, effective_reward
+from grpo_dist.data import PreparedData, PromptCursor, prepare_data
+from grpo_dist.eval import evaluate, standard_error
+from grpo_dist.learner.group import start_learner
 from grpo_dist.metrics import MetricsLog, write_json_atomic
 from grpo_dist.pipeline import BY_REFERENCE, Batch, RolloutPipeline, fetch
 from grpo_dist.placement import create_placement_group, roles, unplaced
 from grpo_dist.report import write_report
 from grpo_dist.reward.worker import RewardWorker
-from grpo_dist.rollout.hf_engine import load_tokenizer
+from grpo_dist.rollout.sampling import sampling_settings
 from grpo_dist.rollout.worker import RolloutWorker
 from grpo_dist.types import Group, Prompt, SamplingSettings
 from grpo_dist.weights import WeightSync, WeightSyncError, make_weight_sync
@@ -60,15 +60,15 @@ class Actors:
             by_reference = {"runtime_env": BY_REFERENCE} if name in ("rollout", "reward") else {}
             return {**role.actor_options(group, index), **by_reference}
 
-        rollout_cls, reward_cls, learner_cls = ray.remote(RolloutWorker), ray.remote(RewardWorker), ray.remote(Learner)
+        rollout_cls, reward_cls = ray.remote(RolloutWorker), ray.remote(RewardWorker)
+        reward = effective_reward(config)
         actors = cls(
             rollouts=[rollout_cls.options(**options("rollout", index)).remote(config.model, config.rollout,
                                                                                seed * 1000 + index)
                       for index in range(config.rollout.num_workers)],
-            rewards=[reward_cls.options(**options("reward", index)).remote(config.reward)
+            rewards=[reward_cls.options(**options("reward", index)).remote(reward)
                      for index in range(config.reward.num_workers)],
-            learner=learner_cls.options(**options("learner", 0)).remote(config.model, config.algo, config.learner,
-                                                                         config.rollout, seed),
+            learner=start_learner(config, placement=placed["learner"][1]),  # rank i in bundle i
             placements={name: group for name, (_, group) in placed.items()},
         )
         actors.wait_ready(config.cluster.actor_start_timeout_s)
@@ -101,19 +101,14 @@ class Actors:
 class Trainer:
     """Runs GRPO for `config.trainer.steps` steps and writes the run directory."""
 
-    def __init__(self, config: Config, run_dir: Path) -> None:
+    def __init__(self, config: Config, run_dir: Path, data: PreparedData | None = None) -> None:
+        """`data`: the prompts launch prepared before Ray started; prepared here when not given."""
         self.config = config
         self.run_dir = run_dir
-        tokenizer = load_tokenizer(config.model.path)
-        self.train_prompts = build_prompts(read_jsonl(config.data.train), config.data.prompt_template, tokenizer)
-        self.eval_prompts = held_out_prompts(config.data, tokenizer)
+        data = data if data is not None else prepare_data(config)
+        self.train_prompts, self.eval_prompts = data.train, data.eval
         self.cursor = PromptCursor(self.train_prompts, config.trainer.seed)
-        self.sampling = SamplingSettings(
-            n=config.rollout.group_size,
-            temperature=config.rollout.temperature,
-            top_p=config.rollout.top_p,
-            max_new_tokens=config.rollout.max_new_tokens,
-        )
+        self.sampling = sampling_settings(config.rollout)
         trainer = config.trainer
         self.max_staleness = trainer.max_staleness if trainer.mode == "async" else 0
         self.actors: Actors | None = None

@@ -23,6 +23,12 @@ class Prompt:
 class SamplingSettings:
     """How one call to an engine samples. temperature 0 means greedy.
 
+    Each token is drawn from softmax(logits / temperature), restricted to the `top_k` most
+    likely tokens (0: all) and then to the smallest set whose probability reaches `top_p`,
+    renormalized. A completion ends after `max_new_tokens`, at a stop token (the tokenizer's
+    EOS and the checkpoint's generation-config EOS ids) or once its text contains one of
+    `stop` (the token that completes it is kept). Nothing else changes the distribution.
+
     The randomness is not here: every prompt of a call comes with its own seed, and each of
     its `n` completions draws from a stream of its own (seeding.py).
     """
@@ -30,16 +36,20 @@ class SamplingSettings:
     n: int
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0
     max_new_tokens: int = 16
+    stop: tuple[str, ...] = ()
 
 
 @dataclass
 class Completion:
     """One sampled continuation of a prompt.
 
-    `logprobs[i]` is the sampler's log-probability of `token_ids[i]` after temperature
-    scaling, i.e. log softmax(logits / temperature); `finish_reason` is "stop" (an EOS
-    token ended it and is included in `token_ids`) or "length" (truncated).
+    `logprobs[i]` is the sampler's log-probability of `token_ids[i]` in the distribution it
+    was drawn from: log softmax(logits / temperature) over the tokens top_k and top_p kept
+    (greedy: log softmax(logits)). `finish_reason` is "stop" (a stop token or stop string
+    ended it; that token is the last of `token_ids`) or "length" (truncated). `text` is
+    `token_ids` decoded without special tokens.
     """
 
     token_ids: list[int]

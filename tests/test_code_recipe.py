@@ -10,12 +10,13 @@ from grpo_dist.config import load_config, resolve_path
 from grpo_dist.data import read_jsonl
 from grpo_dist.reward.worker import RewardWorker
 from grpo_dist.tasks.code import load_problems, make_splits
+from grpo_dist.tasks.tiny import save_tiny_model
 from grpo_dist.trainer import Trainer
 from test_reward_worker import ADD, ADD_TESTS, ADVERSARIAL, group
 
 RECIPE = Path(__file__).resolve().parent.parent / "configs" / "code_unittest.yaml"
 ON_TWO_CPUS = [
-    "model.path=builtin:arithmetic/model", "model.dtype=float32", "rollout.engine=transformers",
+    "model.dtype=float32", "rollout.engine=transformers",
     "rollout.num_gpus=0", "rollout.num_cpus=0.5", "rollout.threads=1", "rollout.group_size=2",
     "rollout.prompts_per_step=2", "rollout.max_new_tokens=8", "learner.num_gpus=0", "learner.num_cpus=0.5",
     "learner.threads=1", "reward.num_cpus=0.5", "reward.processes=2", "data.eval_rows=2",
@@ -59,7 +60,10 @@ def test_a_reward_actor_keeps_serving_after_adversarial_programs(ray_cluster):
 
 @pytest.mark.timeout(300)
 def test_two_grpo_steps_of_the_recipe_with_the_tiny_local_model(ray_cluster, tmp_path):
-    config = load_config(RECIPE, [*ON_TWO_CPUS, f"trainer.output_dir={tmp_path}", "trainer.run_name=run"])
+    # a tiny model with the context the code prompts need (the arithmetic model's is 64 positions)
+    save_tiny_model(tmp_path / "model", "qwen2", max_positions=1024)
+    config = load_config(RECIPE, [*ON_TWO_CPUS, f"model.path={tmp_path / 'model'}", f"trainer.output_dir={tmp_path}",
+                                  "trainer.run_name=run"])
     summary = Trainer(config, tmp_path / "run").run()
     assert summary["steps"] == 2
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

@@ -155,3 +155,46 @@ def test_launch_prints_the_merged_config_of_several_recipes(tmp_path, capsys):
     assert main(["--config", str(first), "--config", str(second), "--print-config", "algo.lr=0.01"]) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed["rollout"]["group_size"] == 6 and printed["algo"]["beta"] == 0.04 and printed["algo"]["lr"] == 0.01
+
+
+@pytest.mark.parametrize("overrides,fields", [
+    (["algo.ratio_level=sequence", "algo.tis_cap=2"], ["algo.ratio_level", "algo.tis_cap"]),
+    (["algo.dynamic_sampling=true"], ["algo.dynamic_sampling_max_rounds"]),
+    (["algo.warmup_steps=20", "trainer.steps=10"], ["algo.warmup_steps", "trainer.steps"]),
+    (["algo.ref_refresh_every=5"], ["algo.ref_refresh_every", "algo.beta"]),
+    (["algo.ref_refresh_every=5", "algo.beta=0.1", "learner.lora.rank=4"], ["algo.ref_refresh_every", "learner.lora"]),
+    (["algo.overlong_buffer=0.2", "reward.functions.0.name=length_penalty",
+      "reward.functions.0.kwargs={soft_length: 6, max_length: 8}", "reward.accuracy_from=length_penalty"],
+     ["algo.overlong_buffer", "length_penalty"]),
+    (["learner.num_ranks=2", "learner.num_gpus=0.5"], ["learner.num_ranks", "learner.num_gpus"]),
+    (["learner.num_ranks=2", "learner.num_cpus=0"], ["learner.num_ranks", "learner.num_cpus"]),
+    (["algo.overlong_buffer=1.5"], ["algo.overlong_buffer"]),
+    (["learner.lora.rank=0"], ["learner.lora.rank"]),
+    (["algo.lr_schedule=step"], ["algo.lr_schedule"]),
+])
+def test_combinations_that_cannot_run_name_their_fields(overrides, fields):
+    with pytest.raises(ConfigError) as error:
+        load_config(None, overrides)
+    assert all(field in str(error.value) for field in fields), str(error.value)
+
+
+def test_cli_refuses_an_incompatible_combination_with_exit_2_before_ray_starts():
+    result = run_launch("algo.dynamic_sampling=true")
+    assert result.returncode == 2 and "algo.dynamic_sampling_max_rounds" in result.stderr
+    assert "Ray" not in result.stderr + result.stdout
+
+
+def test_an_unset_optional_section_takes_dotted_overrides():
+    config = load_config(None, ["learner.lora.rank=4", "learner.lora.target_modules=[q_proj, v_proj]"])
+    assert config.learner.lora.rank == 4 and config.learner.lora.alpha == 16.0
+    assert config.learner.lora.target_modules == ["q_proj", "v_proj"]
+    assert load_config(None).learner.lora is None
+
+
+def test_lora_without_peft_names_the_field_and_the_extra(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "peft" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"learner\.lora.*peft is not installed.*\[lora\]"):
+        load_config(None, ["learner.lora.rank=4"])

@@ -8,8 +8,8 @@ import ray
 
 from conftest import ENGINES, small_config
 from grpo_dist.config import BUILTIN_ROOT, ConfigError, dump_config
-from grpo_dist.eval import evaluate, held_out_prompts, main, parse_ks, pass_at_k, resolve_checkpoint, start_actors
-from grpo_dist.rollout.hf_engine import load_tokenizer
+from grpo_dist.data import held_out_prompts
+from grpo_dist.eval import evaluate, main, parse_ks, pass_at_k, resolve_checkpoint, start_actors
 
 MODEL = BUILTIN_ROOT / "arithmetic" / "model"
 
@@ -84,7 +84,7 @@ def test_evaluate_scores_greedy_and_sampled_completions(ray_cluster, tmp_path, e
                           f"rollout.num_workers={2 if engine == 'transformers' else 1}")
     rollouts, rewards = start_actors(config)
     try:
-        prompts = held_out_prompts(config.data, load_tokenizer(config.model.path))
+        prompts = held_out_prompts(config)
         metrics = evaluate(rollouts, rewards, prompts, config, ks=(1, 2, 4))
     finally:
         for actor in (*rollouts, *rewards):

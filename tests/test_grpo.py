@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from grpo_dist.grpo import aggregate, group_advantages, importance_weight_stats, kl_k3, policy_loss
+from grpo_dist.grpo import (aggregate, group_advantages, importance_weight_stats, informative_groups, kl_k3,
+                            loss_denominator, policy_loss)
 
 
 def test_advantages_std_scale_match_hand_values():
@@ -32,6 +33,16 @@ def test_equal_rewards_give_zeros_not_nan():
     assert torch.equal(adv, torch.zeros(6))
 
 
+@pytest.mark.parametrize("value", [0.7, 0.1, 1 / 3, -2.3e-4, 123.456])
+@pytest.mark.parametrize("scale", ["std", "none"])
+def test_equal_non_binary_rewards_give_exact_zeros(value, scale):
+    # the float32 mean of eight 0.7s misses 0.7 by 6e-8: without care every A would be 0.056
+    rewards = torch.cat([torch.full((8,), value, dtype=torch.float32), torch.tensor([1.0, 0, 0, 0, 0, 0, 0, 0])])
+    adv = group_advantages(rewards, group_size=8, scale=scale)
+    assert torch.equal(adv[:8], torch.zeros(8))
+    assert adv[8] > 0 and (adv[9:] < 0).all()  # the other group is untouched
+
+
 @pytest.mark.parametrize("rewards,group_size", [(torch.ones(5), 2), (torch.ones(4), 1), (torch.ones(2, 2), 2)])
 def test_advantages_reject_bad_shapes(rewards, group_size):
     with pytest.raises(ValueError):
@@ -49,6 +60,34 @@ PER_TOKEN = torch.tensor([[1.0, 1.0, 9.0, 9.0], [4.0, 4.0, 4.0, 4.0]])  # 9s are
 def test_aggregations_match_hand_values(aggregation, expected):
     # token_mean: (1+1+4*4)/6 = 3; sequence_mean: (1+4)/2 = 2.5; constant: 18/(2*4) = 2.25
     assert aggregate(PER_TOKEN, MASK, aggregation, max_tokens=4).item() == pytest.approx(expected)
+
+
+# Per-token values [[1,2,0],[3,4,5],[7,0,0]] under mask [[1,1,0],[1,1,1],[1,0,0]]:
+# token_mean 22/6; sequence_mean (1.5 + 4 + 7)/3 = 12.5/3; constant (max_tokens 3) 22/9.
+SPLIT_VALUES = torch.tensor([[1.0, 2.0, 0.0], [3.0, 4.0, 5.0], [7.0, 0.0, 0.0]])
+SPLIT_MASK = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0]])
+SPLITS = [[[0, 1, 2]], [[0], [1], [2]], [[0, 1], [2]], [[1], [2, 0]], [[2], [0], [1]]]
+
+
+@pytest.mark.parametrize("aggregation,expected", [("token_mean", 22 / 6), ("sequence_mean", 12.5 / 3),
+                                                  ("constant", 22 / 9)])
+@pytest.mark.parametrize("split", SPLITS, ids=str)
+def test_parts_with_the_whole_batch_denominator_add_up_to_the_whole(aggregation, expected, split):
+    denominator = loss_denominator(SPLIT_MASK, aggregation, max_tokens=3)
+    total = 0.0
+    for rows in split:
+        values, mask = SPLIT_VALUES[rows], SPLIT_MASK[rows]
+        width = int(mask.sum(dim=1).max())  # a micro-batch cut to its longest row
+        total += aggregate(values[:, :width], mask[:, :width], aggregation, max_tokens=3,
+                           denominator=denominator).item()
+    assert total == pytest.approx(expected, rel=1e-6)
+
+
+def test_loss_denominators_match_hand_values():
+    assert loss_denominator(SPLIT_MASK, "token_mean") == 6.0  # completion tokens
+    assert loss_denominator(SPLIT_MASK, "sequence_mean") == 3.0  # sequences
+    assert loss_denominator(SPLIT_MASK, "constant", max_tokens=3) == 9.0  # B * max_tokens
+    assert loss_denominator(torch.zeros(2, 3), "token_mean") == 1.0  # never 0
 
 
 def test_policy_loss_aggregates_per_token_losses():
@@ -146,3 +185,117 @@ def test_importance_weight_stats_match_hand_values():
     assert stats["is_weight_mean"] == pytest.approx(13 / 3, rel=1e-5)
     assert stats["is_weight_max"] == pytest.approx(10.0, rel=1e-5)
     assert stats["is_capped_fraction"] == pytest.approx(1 / 3)
+
+
+@pytest.mark.parametrize("tis_cap", [None, 2.0])
+def test_masked_positions_with_huge_gaps_give_finite_loss_and_gradient(tis_cap):
+    """Prompt and padding positions hold what they hold (here gaps of 1e4 nats, -inf): with
+    beta > 0 nothing there may overflow, and the result equals that of tame masked values."""
+    mask = torch.tensor([[0, 1, 1, 0], [0, 0, 1, 1]])
+    valid = mask.bool()
+    tame = torch.tensor([[-1.0, -0.5, -2.0, -1.0], [-1.0, -1.0, -0.3, -1.2]])
+
+    def at_masked(value: float) -> torch.Tensor:
+        return torch.where(valid, tame, torch.full_like(tame, value))
+
+    def run(logp_masked, old_masked, ref_masked, sampler_masked):
+        logprobs = at_masked(logp_masked).requires_grad_(True)
+        loss, stats = policy_loss(logprobs, at_masked(old_masked), torch.tensor([1.0, -0.5]), mask,
+                                  ref_logprobs=at_masked(ref_masked) + 0.1 * valid, beta=0.04,
+                                  sampler_logprobs=at_masked(sampler_masked), tis_cap=tis_cap)
+        loss.backward()
+        return loss, stats, logprobs.grad
+
+    loss, stats, grad = run(0.0, -1e4, 1e4, -math.inf)  # exp(1e4) overflows float32
+    expected_loss, expected_stats, expected_grad = run(-1.0, -1.0, -1.0, -1.0)
+    assert torch.isfinite(loss) and torch.isfinite(grad).all()
+    assert loss.item() == pytest.approx(expected_loss.item(), rel=1e-6)
+    assert torch.equal(grad, expected_grad) and stats == expected_stats
+    assert (grad[~valid] == 0).all()
+
+
+def test_informative_groups_are_those_with_unequal_rewards():
+    rewards = torch.tensor([1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.7, 0.7, 0.7])
+    assert informative_groups(rewards, group_size=3).tolist() == [False, True, False]
+
+
+# ---------------------------------------------------------------- clip-higher (DAPO)
+
+@pytest.mark.parametrize("clip_high,expected_grad", [(0.2, 0.0), (0.28, -1.25)])
+def test_clip_higher_lets_a_ratio_of_1_25_with_positive_advantage_through(clip_high, expected_grad):
+    # rho = 1.25, A = 1: the symmetric clip (1.2) takes the gradient away; clip-higher (1.28) keeps it:
+    # d(-rho A)/dlogp = -rho A = -1.25 (one token, D = 1)
+    logp = torch.tensor([[math.log(1.25)]], requires_grad=True)
+    loss, stats = policy_loss(logp, torch.zeros(1, 1), torch.tensor([1.0]), torch.ones(1, 1), clip_low=0.2,
+                              clip_high=clip_high)
+    loss.backward()
+    assert logp.grad.item() == pytest.approx(expected_grad)
+    assert stats["clip_fraction"] == (1.0 if expected_grad == 0.0 else 0.0)
+
+
+# ---------------------------------------------------------------- GSPO: ratio_level="sequence"
+
+def test_sequence_ratio_is_the_geometric_mean_of_the_token_ratios():
+    # token log-ratios [0.1, 0.3] (a third position masked, holding 5.0): s = exp((0.1 + 0.3) / 2) = exp(0.2)
+    logp = torch.tensor([[0.1, 0.3, 5.0]])
+    loss, stats = policy_loss(logp, torch.zeros(1, 3), torch.tensor([1.0]), torch.tensor([[1, 1, 0]]),
+                              clip_high=0.3, ratio_level="sequence", aggregation="sequence_mean")
+    assert stats["ratio_min"] == stats["ratio_max"] == pytest.approx(math.exp(0.2))
+    assert loss.item() == pytest.approx(-math.exp(0.2))  # -s A, inside [0.8, 1.3]
+
+
+# Two sequences: o_1 with log-ratios [0.1, 0.3] (s_1 = e^0.2 = 1.2214), A_1 = 1;
+# o_2 with log-ratios [-0.1, 0.0, 0.1] (s_2 = 1), A_2 = -0.5.
+GSPO_LOGP = torch.tensor([[0.1, 0.3, 0.0], [-0.1, 0.0, 0.1]])
+GSPO_MASK = torch.tensor([[1, 1, 0], [1, 1, 1]])
+GSPO_ADV = torch.tensor([1.0, -0.5])
+
+
+@pytest.mark.parametrize("clip_high", [0.2, 0.28])
+def test_sequence_ratio_gradient_matches_hand_and_autograd_values(clip_high):
+    logp = GSPO_LOGP.clone().requires_grad_(True)
+    loss, stats = policy_loss(logp, torch.zeros(2, 3), GSPO_ADV, GSPO_MASK, clip_low=0.2, clip_high=clip_high,
+                              aggregation="sequence_mean", ratio_level="sequence")
+    loss.backward()
+    # sequence_mean over B = 2 of per-token values that are equal within a row:
+    # L = (1/2) sum_i -min(s_i A_i, clip(s_i) A_i); unclipped, dL/dlogp_it = -(1/2) A_i s_i / |o_i|
+    s1 = math.exp(0.2)
+    row1 = 0.0 if clip_high == 0.2 else -0.5 * 1.0 * s1 / 2  # s_1 = 1.22 > 1.2: clipped, A > 0
+    row2 = -0.5 * -0.5 * 1.0 / 3
+    expected = torch.tensor([[row1, row1, 0.0], [row2, row2, row2]])
+    torch.testing.assert_close(logp.grad, expected)
+    clipped_s1 = min(s1, 1 + clip_high)
+    assert loss.item() == pytest.approx(0.5 * (-clipped_s1 * 1.0 + 0.5 * 1.0))
+    assert stats["clip_fraction"] == pytest.approx(2 / 5 if clip_high == 0.2 else 0.0)  # o_1's 2 tokens of 5
+
+    # the same objective written directly, differentiated by autograd
+    direct = GSPO_LOGP.clone().requires_grad_(True)
+    lengths = GSPO_MASK.sum(dim=1)
+    s = torch.exp((direct * GSPO_MASK).sum(dim=1) / lengths)
+    objective = torch.min(s * GSPO_ADV, s.clamp(0.8, 1 + clip_high) * GSPO_ADV)
+    (-objective.mean()).backward()
+    torch.testing.assert_close(logp.grad, direct.grad)
+
+
+@pytest.mark.parametrize("aggregation", ["token_mean", "sequence_mean", "constant"])
+def test_sequence_ratio_rows_split_with_the_whole_batch_denominator_add_up(aggregation):
+    """Micro-batches split by rows: each sequence's s_i sees its whole row, and the parts' losses
+    and gradients with the whole batch's D add up to the whole's."""
+    old = torch.tensor([[0.05, -0.2, 0.0], [0.1, 0.1, -0.3]])
+    kwargs = dict(aggregation=aggregation, max_tokens=3, ratio_level="sequence", clip_high=0.28)
+    whole = GSPO_LOGP.clone().requires_grad_(True)
+    loss, _ = policy_loss(whole, old, GSPO_ADV, GSPO_MASK, **kwargs)
+    loss.backward()
+    denominator = loss_denominator(GSPO_MASK, aggregation, max_tokens=3)
+    parts = GSPO_LOGP.clone().requires_grad_(True)
+    total = sum(policy_loss(parts[[row]], old[[row]], GSPO_ADV[[row]], GSPO_MASK[[row]],
+                            denominator=denominator, **kwargs)[0] for row in (0, 1))
+    total.backward()
+    assert total.item() == pytest.approx(loss.item(), rel=1e-6)
+    torch.testing.assert_close(parts.grad, whole.grad)
+
+
+def test_sequence_ratio_refuses_a_per_token_tis_cap():
+    with pytest.raises(ValueError, match="sequence"):
+        policy_loss(TIS_OLD, TIS_OLD, torch.tensor([1.0]), TIS_MASK, sampler_logprobs=TIS_SAMPLER, tis_cap=2.0,
+                    ratio_level="sequence")

@@ -1,36 +1,288 @@
-"""The learner as a plain class: pi_old is the same whether it is reused or recomputed."""
+"""The learner as a plain class, on the built-in tiny Llama and tiny models of other families.
+
+Groups come from a real transformers engine; rewards are non-binary.
+"""
+
+import math
 
 import pytest
+import ray
+import torch
+from safetensors import safe_open
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Qwen2Config, Qwen3Config
 
-from grpo_dist.config import load_config
+from conftest import ENGINES
+from grpo_dist.config import load_config, resolve_path
 from grpo_dist.data import build_prompts
+from grpo_dist.learner.schedule import make_scheduler
 from grpo_dist.learner.worker import Learner
 from grpo_dist.reward.rules import exact_answer
 from grpo_dist.rollout.hf_engine import load_tokenizer
 from grpo_dist.rollout.worker import RolloutWorker
+from grpo_dist.seeding import prompt_seed
 from grpo_dist.types import SamplingSettings
+from grpo_dist.weights.checksum import state_checksum
+
+BASE = ["rollout.engine=transformers", "rollout.group_size=4", "rollout.threads=1", "learner.threads=1",
+        "algo.lr=1e-3"]
+PROBLEMS = [(58, 67), (12, 30), (99, 1), (45, 45)]
 
 
-def scored_groups(config):
-    worker = RolloutWorker(config.model, config.rollout, seed=0)
-    rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a, b in [(58, 67), (12, 30), (99, 1), (45, 45)]]
-    prompts = build_prompts(rows, "{prompt}", load_tokenizer(config.model.path))
-    groups = worker.generate(prompts, SamplingSettings(n=4, max_new_tokens=8), seeds=[0, 1, 2, 3])
+def make_config(*overrides: str):
+    return load_config(None, [*BASE, *overrides])
+
+
+def make_learner(*overrides: str, sgd: bool = False) -> Learner:
+    """With `sgd`, plain SGD (lr 0.1) replaces AdamW, so that parameters show the gradient itself:
+    AdamW's first step, lr * g / (|g| + eps), turns float noise in a gradient near 0 (1e-7
+    here, between equal updates computed in different orders) into differences of up to lr."""
+    config = make_config(*overrides)
+    learner = Learner(config.model, config.algo, config.learner, config.rollout, seed=0,
+                      total_steps=config.trainer.steps)
+    if sgd:
+        learner.optimizer = torch.optim.SGD(learner.weights.params, lr=0.1)
+        learner.scheduler = make_scheduler(learner.optimizer, config.algo, config.trainer.steps)
+    return learner
+
+
+def scored_groups(config, problems=PROBLEMS, seed=1234, worker=None):
+    """Groups sampled by a real engine; reward = exact answer + 0.1 per token (non-binary)."""
+    worker = worker or RolloutWorker(config.model, config.rollout, seed=0)
+    rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a, b in problems]
+    prompts = build_prompts(rows, config.data, load_tokenizer(config.model.path))
+    sampling = SamplingSettings(n=config.rollout.group_size, temperature=config.rollout.temperature,
+                                max_new_tokens=config.rollout.max_new_tokens)
+    groups = worker.generate(prompts, sampling, [prompt_seed(seed, 0, i) for i in range(len(prompts))])
     for group in groups:
-        group.rewards = [exact_answer(group.prompt, c.text, group.row["answer"]) for c in group.completions]
+        group.rewards = [exact_answer(group.prompt, c.text, group.row["answer"]) + 0.1 * len(c.token_ids)
+                         for c in group.completions]
     return groups
 
 
+def masters(learner: Learner) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in learner.weights.params]
+
+
+@pytest.fixture(scope="module")
+def groups():
+    return scored_groups(make_config())
+
+
 @pytest.mark.parametrize("overrides,passes", [([], 1), (["algo.mu=2", "algo.minibatch_size=8"], 4)])
-def test_old_logprobs_are_the_sampling_policy_in_both_paths(overrides, passes):
-    config = load_config(None, ["rollout.engine=transformers", "rollout.group_size=4", "rollout.threads=1",
-                                "learner.threads=1", "algo.lr=1e-3", *overrides])
-    learner = Learner(config.model, config.algo, config.learner, config.rollout, seed=0)
-    metrics = learner.train_step(scored_groups(config))
+def test_old_logprobs_are_the_sampling_policy_in_both_paths(groups, overrides, passes):
+    learner = make_learner(*overrides)
+    metrics = learner.train_step(groups)
     # pi_old (reused from the grad pass, or recomputed) equals the sampler's logprobs
     assert metrics["rollout/logprob_diff_max"] < 1e-4
     if passes == 1:  # the only step runs at pi_old itself: every ratio is exactly 1
-        assert metrics["learner/ratio_min"] == metrics["learner/ratio_max"] == 1.0
+        assert metrics["policy/ratio_min"] == metrics["policy/ratio_max"] == 1.0
     else:  # later minibatches and the second pass run on updated weights
-        assert metrics["learner/ratio_max"] > 1.0 or metrics["learner/ratio_min"] < 1.0
-    assert learner.version == 1
+        assert metrics["policy/ratio_max"] > 1.0 or metrics["policy/ratio_min"] < 1.0
+    assert learner.version == 1 and metrics["policy/version"] == 1.0
+    assert 0 < metrics["policy/entropy"] < math.log(17)  # nats; the vocabulary has 17 tokens
+    assert metrics["policy/lr"] == 1e-3 and metrics["policy/step_skipped"] == 0.0
+    assert metrics["system/learn_tokens_per_s"] > 0 and metrics["system/learner_peak_memory_mb"] > 0
+
+
+def test_several_chunks_are_one_batch(groups):
+    one, two = make_learner(), make_learner()
+    whole, chunked = one.train_step(groups), two.train_step(groups[:1], groups[1:3], groups[3:])
+    assert {k: v for k, v in whole.items() if not k.startswith("system/")} == \
+           {k: v for k, v in chunked.items() if not k.startswith("system/")}
+    assert one.checksum() == two.checksum()
+
+
+def test_an_actor_takes_chunks_as_object_refs(ray_cluster, groups):
+    """The controller passes several ObjectRefs as top-level arguments; Ray resolves them."""
+    config = make_config()
+    actor = ray.remote(Learner).options(num_cpus=0.5).remote(config.model, config.algo, config.learner,
+                                                              config.rollout, 0)
+    metrics = ray.get(actor.train_step.remote(ray.put(groups[:1]), ray.put(groups[1:])))
+    local = make_learner()
+    assert metrics["loss/total"] == local.train_step(groups)["loss/total"]
+    assert ray.get(actor.checksum.remote()) == local.checksum()
+    ray.kill(actor)
+
+
+SPLITS = [["learner.micro_batch_size=1"], ["learner.micro_batch_size=7"],
+          ["learner.max_tokens_per_micro_batch=40"]]
+
+
+@pytest.mark.parametrize("aggregation,ratio_level", [("token_mean", "token"), ("sequence_mean", "token"),
+                                                     ("constant", "token"), ("token_mean", "sequence")])
+def test_micro_batches_give_the_whole_batch_update(aggregation, ratio_level):
+    """Sizes 1, 7, a token budget and null: the same parameters after a step, with beta > 0
+    and temperature 0.7, and with two minibatches (pi_old and pi_ref micro-batched too);
+    GSPO's sequence ratio too (a micro-batch holds whole rows)."""
+    common = [f"algo.aggregation={aggregation}", f"algo.ratio_level={ratio_level}", "algo.beta=0.1",
+              "rollout.temperature=0.7", "algo.minibatch_size=8", "algo.mu=2"]
+    batch = scored_groups(make_config(*common))
+    whole = make_learner(*common, sgd=True)
+    expected_metrics = whole.train_step(batch)
+    expected = masters(whole)
+    for split in SPLITS:
+        learner = make_learner(*common, *split, sgd=True)
+        metrics = learner.train_step(batch)
+        for got, want in zip(masters(learner), expected):
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-6, msg=lambda m: f"{split}: {m}")
+        for key in ("loss/total", "loss/policy", "loss/kl", "policy/entropy", "policy/clip_fraction"):
+            assert metrics[key] == pytest.approx(expected_metrics[key], rel=1e-4, abs=1e-6), (split, key)
+
+
+def test_bfloat16_keeps_float32_masters_and_serves_bfloat16(groups):
+    learner = make_learner("model.dtype=bfloat16", "algo.lr=1e-6")
+    before = masters(learner)
+    served_before = learner.export_weights()
+    metrics = learner.train_step(groups)
+    assert metrics["policy/step_skipped"] == 0.0 and math.isfinite(metrics["loss/total"])
+    after = masters(learner)
+    assert all(p.dtype == torch.float32 for p in after)
+    assert all(s.dtype == torch.float32 for group in learner.optimizer.state.values()
+               for s in group.values() if s.dim() > 0)
+    # Adam's first step moves each weight by about lr = 1e-6: far below bfloat16's spacing
+    # (~1.2e-4 at 0.02), so the served copy rarely changes, but the masters keep it all
+    moved = torch.cat([(a - b).abs().flatten() for a, b in zip(after, before)])
+    assert (moved > 0).float().mean() > 0.5 and moved.max() < 2e-6
+    served = learner.export_weights()
+    assert all(t.dtype == torch.bfloat16 for t in served.values())
+    for (name, param), master in zip(learner.policy.named_parameters(), after):
+        assert torch.equal(served[name], master.to(torch.bfloat16)), name  # the copy is the rounded master
+    assert learner.checksum() == state_checksum(served)
+    assert served_before.keys() == served.keys()
+
+
+def test_bfloat16_learner_computes_like_a_bfloat16_engine(groups):
+    """The learner's bf16 model is the one an engine loads with dtype bfloat16, bit for bit."""
+    learner = make_learner("model.dtype=bfloat16")
+    engine = AutoModelForCausalLM.from_pretrained(resolve_path("builtin:arithmetic/model"), dtype=torch.bfloat16)
+    assert learner.checksum() == state_checksum(engine.state_dict())
+    metrics = learner.train_step(groups)  # sampled in float32: pi_old differs by bf16 rounding only
+    assert metrics["rollout/logprob_diff_mean"] < 0.05
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_both_engines_serve_the_bfloat16_weights_the_learner_exports(engine):
+    config = make_config(f"rollout.engine={engine}", "model.dtype=bfloat16", "rollout.vllm.cpu_kv_cache_gb=0.25")
+    worker = RolloutWorker(config.model, config.rollout, seed=0)
+    learner = Learner(config.model, config.algo, config.learner, config.rollout, seed=0)
+    assert worker.checksum() == learner.checksum()  # both loaded the float32 checkpoint as bfloat16
+    metrics = learner.train_step(scored_groups(config, worker=worker))
+    assert metrics["rollout/logprob_diff_mean"] < 0.01, metrics  # bf16 kernels of two engines
+    assert worker.load_weights(learner.export_weights(), version=1) == learner.checksum()
+    groups = scored_groups(config, worker=worker, seed=7)  # sampled by the updated weights
+    diffs = torch.tensor([abs(a - b) for group, scored in zip(groups, learner.logprobs(groups))
+                          for completion, values in zip(group.completions, scored)
+                          for a, b in zip(completion.logprobs, values)])
+    # bf16 keeps 8 mantissa bits: logits near 10 carry rounding of ~0.04 that the two engines'
+    # kernels (vLLM's packed GEMM vs torch) spend differently; measured mean 3e-3..8e-3, max 0.1
+    assert diffs.mean() < 0.02 and diffs.max() < 0.3, (diffs.mean(), diffs.max())
+
+
+def test_a_non_finite_loss_skips_the_step_and_leaves_everything_as_it_was(groups):
+    learner = make_learner("algo.beta=0.1")
+    before, checksum = masters(learner), learner.checksum()
+    poisoned = [group for group in groups]
+    poisoned[0] = type(groups[0])(**{**groups[0].__dict__, "rewards": [float("nan"), 1.0, 0.0, 1.0]})
+    metrics = learner.train_step(poisoned)
+    assert metrics["policy/step_skipped"] == 1.0 and metrics["policy/skipped_steps"] == 1.0
+    assert not math.isfinite(metrics["loss/total"])
+    assert learner.checksum() == checksum and all(torch.equal(a, b) for a, b in zip(masters(learner), before))
+    assert not learner.optimizer.state  # AdamW never stepped: no moments, no step count
+    metrics = learner.train_step(groups)  # the next good batch trains as usual
+    assert metrics["policy/step_skipped"] == 0.0 and learner.checksum() != checksum
+    assert learner.version == 2
+
+
+def test_extreme_temperature_with_kl_stays_finite(groups):
+    learner = make_learner("algo.beta=0.5", "rollout.temperature=0.05", "learner.micro_batch_size=3")
+    metrics = learner.train_step(groups)
+    assert metrics["policy/step_skipped"] == 0.0
+    assert all(math.isfinite(value) for value in metrics.values()), metrics
+
+
+def test_save_then_load_gives_the_same_next_step_bit_for_bit(groups, tmp_path):
+    """bf16 masters, two passes of two minibatches (the minibatch generator), beta > 0."""
+    overrides = ["model.dtype=bfloat16", "algo.beta=0.1", "algo.mu=2", "algo.minibatch_size=8"]
+    later = scored_groups(make_config(*overrides), seed=99)
+    original = make_learner(*overrides)
+    original.train_step(groups)
+    original.save_state(str(tmp_path / "state"))
+    expected = original.train_step(later)
+
+    resumed = make_learner(*overrides)
+    resumed.load_state(str(tmp_path / "state"))
+    assert resumed.version == 1
+    metrics = resumed.train_step(later)
+    assert all(torch.equal(a, b) for a, b in zip(masters(resumed), masters(original)))
+    assert resumed.checksum() == original.checksum()
+    assert {k: v for k, v in metrics.items() if not k.startswith("system/")} == \
+           {k: v for k, v in expected.items() if not k.startswith("system/")}
+    # the policy: a Hugging Face model and tokenizer; float32 masters inside, bfloat16 by default
+    policy_dir = tmp_path / "state" / "policy"
+    assert AutoModelForCausalLM.from_pretrained(policy_dir).dtype == torch.bfloat16
+    assert AutoTokenizer.from_pretrained(policy_dir).pad_token is not None
+    with safe_open(policy_dir / "model.safetensors", "pt") as stored:
+        assert {stored.get_slice(name).get_dtype() for name in stored.keys()} == {"F32"}
+
+
+def test_the_reference_is_refreshed_every_k_steps_and_resumes(groups, tmp_path):
+    """ref_refresh_every=2: pi_ref is model.path's for steps 1-2, the policy of version 2 from step 3
+    (the single-step path runs at pi_theta = pi_ref then: KL exactly 0); a checkpoint keeps it."""
+    overrides = ["algo.beta=0.1", "algo.ref_refresh_every=2"]
+    learner = make_learner(*overrides)
+    kls = [learner.train_step(groups)["loss/kl"] for _ in range(2)]
+    assert kls[0] == 0.0 and kls[1] > 0
+    refreshed = state_checksum(learner.reference.state_dict())
+    assert refreshed == learner.checksum()
+    learner.save_state(str(tmp_path / "state"))
+    assert (tmp_path / "state" / "reference" / "config.json").is_file()
+    expected = learner.train_step(groups)
+    assert expected["loss/kl"] == 0.0
+    resumed = make_learner(*overrides)
+    resumed.load_state(str(tmp_path / "state"))
+    assert state_checksum(resumed.reference.state_dict()) == refreshed
+    assert resumed.train_step(groups)["loss/total"] == expected["loss/total"]
+
+
+# ---------------------------------------------------------------- other model families
+
+FAMILIES = {
+    "llama": None,  # the built-in model (tied embeddings)
+    "qwen2_tied": lambda vocab: Qwen2Config(vocab_size=vocab, tie_word_embeddings=True, **SMALL),
+    "qwen2_untied": lambda vocab: Qwen2Config(vocab_size=vocab, tie_word_embeddings=False, **SMALL),
+    "qwen3": lambda vocab: Qwen3Config(vocab_size=vocab, tie_word_embeddings=False, **SMALL),
+    "llama_untied_gqa": lambda vocab: LlamaConfig(vocab_size=vocab, tie_word_embeddings=False, **SMALL),
+}
+SMALL = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
+         "num_key_value_heads": 1, "head_dim": 32, "max_position_embeddings": 64, "bos_token_id": 1,
+         "eos_token_id": 1, "pad_token_id": 0}
+
+
+def family_path(family: str, root) -> str:
+    """A tiny model of `family` built from a config, with the built-in task's tokenizer."""
+    if FAMILIES[family] is None:
+        return "builtin:arithmetic/model"
+    tokenizer = AutoTokenizer.from_pretrained(resolve_path("builtin:arithmetic/model"))
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(FAMILIES[family](len(tokenizer)))
+    path = root / family
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_gradient_checkpointing_gives_the_same_update_for_every_family(family, tmp_path):
+    path = family_path(family, tmp_path)
+    common = [f"model.path={path}", "algo.beta=0.1", "learner.micro_batch_size=5"]
+    batch = scored_groups(make_config(*common))
+    plain = make_learner(*common, sgd=True)
+    checkpointed = make_learner(*common, "learner.gradient_checkpointing=true", sgd=True)
+    assert checkpointed.policy.is_gradient_checkpointing and not plain.policy.is_gradient_checkpointing
+    plain_metrics, checkpointed_metrics = plain.train_step(batch), checkpointed.train_step(batch)
+    assert checkpointed_metrics["loss/total"] == pytest.approx(plain_metrics["loss/total"], abs=1e-6)
+    for a, b in zip(masters(checkpointed), masters(plain)):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+    bf16 = make_learner(*common, "learner.gradient_checkpointing=true", "model.dtype=bfloat16")
+    metrics = bf16.train_step(batch)
+    assert metrics["policy/step_skipped"] == 0.0 and math.isfinite(metrics["policy/grad_norm"])

@@ -20,4 +20,4 @@ def test_a_short_run_writes_the_run_directory(ray_cluster, tmp_path):
     assert [r["kind"] for r in records] == ["eval", "train", "eval", "train", "eval"]
     assert (run_dir / "report.png").stat().st_size > 10_000
     assert (run_dir / "final" / "model.safetensors").is_file()
-    assert torch.isfinite(torch.tensor([r["learner/loss"] for r in records if r["kind"] == "train"])).all()
+    assert torch.isfinite(torch.tensor([r["loss/total"] for r in records if r["kind"] == "train"])).all()

@@ -14,7 +14,7 @@ from conftest import ENGINES, small_config
 from grpo_dist.config import Config, ConfigError, load_config, resolve_weight_sync
 from grpo_dist.trainer import Trainer, WeightSyncError
 from grpo_dist.weights import ObjectStoreSync, make_weight_sync
-from grpo_dist.weights_nccl import NcclSync, engine_rank_offsets
+from grpo_dist.weights.nccl import NcclSync, engine_rank_offsets
 
 GPUS = ["learner.num_gpus=1", "rollout.num_gpus=1"]
 

@@ -1,12 +1,15 @@
-"""Bucketed weight broadcast (weights_nccl.py), with a loopback in place of NCCL.
+"""Bucketed weight broadcast (weights/nccl.py), with a loopback in place of NCCL.
 
 The NCCL transport itself needs two GPUs and is not exercised here; the plan, the packing
 and the order of collectives are.
 """
 
+import subprocess
+import sys
+
 import torch
 
-from grpo_dist.weights_nccl import ALIGN, plan_buckets, receive, send
+from grpo_dist.weights.nccl import ALIGN, plan_buckets, receive, send
 
 
 class Loopback:
@@ -62,3 +65,10 @@ def test_broadcast_round_trip_is_bit_exact_with_one_collective_per_bucket():
 
 def test_one_bucket_when_everything_fits():
     assert len(plan_buckets(weights(), bucket_bytes=1 << 20)) == 1
+
+
+def test_the_weights_package_imports_nothing_from_rollout_nor_vllm():
+    code = ("import sys, grpo_dist.weights, grpo_dist.weights.nccl, grpo_dist.weights.checksum; "
+            "print(sorted(m for m in sys.modules if m.startswith(('grpo_dist.rollout', 'vllm'))))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert result.stdout.strip() == "[]"

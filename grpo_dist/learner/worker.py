@@ -1,185 +1,188 @@
-"""Learner: the trainable policy, the frozen reference, AdamW, and one GRPO update per step."""
+"""Learner: the trainable policy, the frozen reference, AdamW, and one GRPO update per step.
+
+One `train_step` reads top to bottom like CleanRL's update: batch -> pi_ref and pi_old ->
+for each pass and minibatch: this rank's micro-batches -> logprobs -> grpo.policy_loss ->
+backward (gradients accumulate) -> sum over ranks -> clip -> AdamW step; then the learning
+rate's schedule steps. The pieces live beside it: batch.py (groups to tensors,
+micro-batches), logprobs.py, precision.py (float32 masters), lora.py (LoRA adapters),
+distributed.py (data-parallel ranks; one rank: no-ops), schedule.py, metrics.py, state.py
+(checkpoints), weight_group.py (the NCCL sender). group.py runs several ranks as one learner.
+"""
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from grpo_dist import grpo, weights_nccl
+from grpo_dist import grpo
 from grpo_dist.config import AlgoConfig, LearnerConfig, ModelConfig, RolloutConfig
-from grpo_dist.rollout.hf_engine import load_causal_lm, load_tokenizer
+from grpo_dist.learner import state
+from grpo_dist.learner.batch import TrainBatch
+from grpo_dist.learner.distributed import DataParallel
+from grpo_dist.learner.logprobs import batch_logprobs, token_logprobs
+from grpo_dist.learner.metrics import (StepStats, advantage_metrics, peak_memory_mb, reset_peak_memory,
+                                       sampler_agreement)
+from grpo_dist.learner.precision import load_policy, load_reference
+from grpo_dist.learner.schedule import make_scheduler
+from grpo_dist.learner.weight_group import WeightGroup
+from grpo_dist.rollout.hf_engine import load_tokenizer
 from grpo_dist.types import Group
-from grpo_dist.weights import export_state_dict, state_checksum
-
-
-@dataclass
-class TrainBatch:
-    """Prompt+completion sequences, right-padded, with per-token tensors aligned to targets.
-
-    Position t of the [B, L-1] tensors scores token t+1 of `input_ids`; `mask` is 1 on
-    completion tokens only.
-    """
-
-    input_ids: torch.Tensor  # [B, L]
-    attention_mask: torch.Tensor  # [B, L]
-    mask: torch.Tensor  # [B, L-1]
-    sampler_logprobs: torch.Tensor  # [B, L-1]
-
-    @classmethod
-    def from_groups(cls, groups: list[Group], pad_id: int) -> TrainBatch:
-        sequences, masks, sampler = [], [], []
-        for group in groups:
-            for completion in group.completions:
-                prompt_len, completion_len = len(group.prompt_ids), len(completion.token_ids)
-                sequences.append(group.prompt_ids + completion.token_ids)
-                masks.append([0] * (prompt_len - 1) + [1] * completion_len)
-                sampler.append([0.0] * (prompt_len - 1) + completion.logprobs)
-        width = max(len(seq) for seq in sequences)
-
-        def pad(rows: list[list], value: float | int, length: int) -> list[list]:
-            return [row + [value] * (length - len(row)) for row in rows]
-
-        input_ids = torch.tensor(pad(sequences, pad_id, width))
-        attention = torch.tensor(pad([[1] * len(seq) for seq in sequences], 0, width))
-        return cls(
-            input_ids=input_ids,
-            attention_mask=attention,
-            mask=torch.tensor(pad(masks, 0, width - 1), dtype=torch.float32),
-            sampler_logprobs=torch.tensor(pad(sampler, 0.0, width - 1), dtype=torch.float32),
-        )
-
-    def __len__(self) -> int:
-        return self.input_ids.shape[0]
-
-
-def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   temperature: float) -> torch.Tensor:
-    """log pi(token_{t+1} | tokens_<=t) under the sampling temperature, [B, L-1]."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
-    logprobs = (logits / temperature).log_softmax(dim=-1)
-    return logprobs.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+from grpo_dist.weights import nccl
+from grpo_dist.weights.checksum import export_state_dict, state_checksum
 
 
 class Learner:
-    """Runs as a Ray actor (see trainer.py); plain class so that it can be used directly."""
+    """Runs as a Ray actor (see trainer.py; group.py for several ranks); plain class so that it
+    can be used directly. `total_steps` (trainer.steps) is the learning-rate schedule's length."""
 
     def __init__(self, model: ModelConfig, algo: AlgoConfig, learner: LearnerConfig,
-                 rollout: RolloutConfig, seed: int) -> None:
+                 rollout: RolloutConfig, seed: int, total_steps: int | None = None) -> None:
         torch.manual_seed(seed)
         torch.set_num_threads(learner.threads)
         self.device = "cuda" if learner.num_gpus > 0 and torch.cuda.is_available() else "cpu"
-        self.algo, self.rollout = algo, rollout
+        self.algo, self.learner, self.rollout = algo, learner, rollout
         self.tokenizer = load_tokenizer(model.path)
-        self.policy = load_causal_lm(model.path, model.dtype, self.device)
-        self.reference = load_causal_lm(model.path, model.dtype, self.device) if algo.beta > 0 else None
-        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=algo.lr, weight_decay=algo.weight_decay)
-        self.generator = torch.Generator().manual_seed(seed)
+        self.weights = load_policy(model.path, model.dtype, self.device, learner.gradient_checkpointing, learner.lora)
+        self.policy = self.weights.model  # computes pi_theta; in model.dtype (LoRA: the adapters in float32)
+        self.reference = self._reference(model) if algo.beta > 0 else None
+        self.optimizer = torch.optim.AdamW(self.weights.params, lr=algo.lr, weight_decay=algo.weight_decay)
+        self.scheduler = make_scheduler(self.optimizer, algo, total_steps)
+        self.ranks = DataParallel()  # one rank until join_ranks
+        self.generator = torch.Generator().manual_seed(seed)  # minibatch order, the same on every rank
+        self.weight_group = WeightGroup(self.device)
         self.version = 0
+        self.optimizer_steps = 0
+        self.skipped_steps = 0
+
+    def _reference(self, model: ModelConfig) -> Callable[..., Any]:
+        """pi_ref: model.path's weights in model.dtype, frozen; with LoRA the base, adapter off (no copy)."""
+        if self.learner.lora is not None:
+            from grpo_dist.learner.lora import BasePolicy
+
+            return BasePolicy(self.policy)
+        return load_reference(model.path, model.dtype, self.device)
 
     def train_step(self, *chunks: list[Group]) -> dict[str, float]:
         """One GRPO update on the scored groups of every chunk; the policy version advances by one.
 
-        The controller passes each chunk as an object reference; Ray resolves them here.
+        A minibatch whose loss or gradient is not finite leaves the weights and AdamW's state
+        untouched: `policy/skipped_steps` counts such minibatches, `policy/step_skipped` is 1.
         """
         started = time.perf_counter()
+        reset_peak_memory(self.device)
         groups = [group for chunk in chunks for group in chunk]
-        batch = TrainBatch.from_groups(groups, self.tokenizer.pad_token_id)
-        rewards = torch.tensor([reward for group in groups for reward in group.rewards])
+        rewards = torch.tensor([reward for group in groups for reward in group.rewards], dtype=torch.float32)
         advantages = grpo.group_advantages(rewards, self.rollout.group_size, scale=self.algo.advantage_scale)
-        # pi_old, the weights that sampled. With one optimizer step per batch it is the first
-        # (grad) forward pass, detached; otherwise it is computed once before any step.
+        batch = TrainBatch.from_groups(groups, self.tokenizer.pad_token_id, advantages, self.algo.mask_truncated)
+        if self.reference is not None:
+            batch.ref_logprobs = self._shared_logprobs(self.reference, batch)
+        # pi_old, the weights that sampled. With one optimizer step per batch it is the grad
+        # pass itself, detached (filled in by _update); otherwise it is computed once, first.
         single_step = self.algo.mu == 1 and (self.algo.minibatch_size or len(batch)) >= len(batch)
-        old_logprobs = torch.zeros_like(batch.mask) if single_step else self._logprobs_no_grad(self.policy, batch)
-        ref_logprobs = self._logprobs_no_grad(self.reference, batch) if self.reference else None
-        self.policy.train()
-        step_stats: list[dict[str, float]] = []
+        batch.old_logprobs = torch.zeros_like(batch.mask) if single_step else self._shared_logprobs(self.policy, batch)
+        lr = self.optimizer.param_groups[0]["lr"]
+        stats = StepStats()
         for _ in range(self.algo.mu):
             for rows in self._minibatches(len(batch)):
-                step_stats.append(self._optimizer_step(batch, rows, old_logprobs, ref_logprobs, advantages,
-                                                       fill_old=single_step))
-        self.policy.eval()
-        metrics = self._sampler_agreement(batch, old_logprobs, self.algo.tis_cap)
+                self._update(batch, rows, stats, fill_old=single_step)
+        if single_step:
+            self.ranks.sum(batch.old_logprobs)  # each rank filled its own rows
+        stats.sum_tokens(self.ranks)
+        self.scheduler.step()
         self.version += 1
-        tokens = batch.mask.sum().item()
-        for key in step_stats[0]:
-            metrics[f"learner/{key}"] = sum(s[key] for s in step_stats) / len(step_stats)
-        metrics.update({
-            "learner/ratio_min": min(s["ratio_min"] for s in step_stats),
-            "learner/ratio_max": max(s["ratio_max"] for s in step_stats),
-            "advantage/mean": advantages.mean().item(),
-            "advantage/std": advantages.std().item() if len(advantages) > 1 else 0.0,
-            "advantage/zero_fraction": (advantages == 0).float().mean().item(),
-            "learner/tokens_per_s": tokens * self.algo.mu / (time.perf_counter() - started),
-            "learner/version": float(self.version),
-            "time/learn_s": time.perf_counter() - started,
-        })
-        return metrics
+        self._refresh_reference()
+        tokens = batch.mask.sum().item() * self.algo.mu
+        masked = self.algo.mask_truncated * sum(c.finish_reason == "length" for g in groups for c in g.completions)
+        return {
+            **stats.metrics(),
+            **advantage_metrics(advantages),
+            **sampler_agreement(batch.mask, batch.sampler_logprobs, batch.old_logprobs, self.algo.tis_cap),
+            "policy/lr": lr,
+            "policy/truncated_masked": float(masked),
+            "policy/version": float(self.version),
+            "system/learn_tokens_per_s": tokens / (time.perf_counter() - started),
+            "system/learner_peak_memory_mb": peak_memory_mb(self.device),
+            "time/learn_s": time.perf_counter() - started,  # the controller's learner_idle_fraction
+        }
+
+    def _update(self, batch: TrainBatch, rows: torch.Tensor, stats: StepStats, fill_old: bool) -> None:
+        """One optimizer step on `rows`, this rank's share of them micro-batch by micro-batch; with
+        `fill_old`, each micro-batch's logprobs become its pi_old first (so every ratio is 1)."""
+        # Every micro-batch's loss (on every rank) is divided by D of all `rows`: the sum is the loss of `rows`.
+        denominator = grpo.loss_denominator(batch.mask[rows], self.algo.aggregation, self.rollout.max_new_tokens)
+        self.weights.zero_grad()
+        for micro_rows in batch.micro_batches(self.ranks.shard(rows, batch.lengths), self.learner.micro_batch_size,
+                                              self.learner.max_tokens_per_micro_batch):
+            micro = batch.select(micro_rows).to(self.device)
+            logprobs, entropy = token_logprobs(self.policy, micro.input_ids, micro.attention_mask,
+                                               self.rollout.temperature, with_entropy=True)
+            if fill_old:
+                micro.old_logprobs = torch.where(micro.mask.bool(), logprobs.detach(), 0.0)
+                batch.old_logprobs[micro_rows, : logprobs.shape[1]] = micro.old_logprobs.cpu()
+            loss, micro_stats = grpo.policy_loss(
+                logprobs,
+                micro.old_logprobs,
+                micro.advantages,
+                micro.mask,
+                ref_logprobs=micro.ref_logprobs,
+                beta=self.algo.beta,
+                clip_low=self.algo.clip_low,
+                clip_high=self.algo.clip_high,
+                aggregation=self.algo.aggregation,
+                max_tokens=self.rollout.max_new_tokens,
+                sampler_logprobs=micro.sampler_logprobs,
+                tis_cap=self.algo.tis_cap,
+                denominator=denominator,
+                ratio_level=self.algo.ratio_level,
+            )
+            loss.backward()
+            self.weights.collect_grads()  # into the float32 master gradients
+            stats.add_micro_batch(loss.detach(), micro_stats, entropy, micro.mask)
+        self.ranks.sum_grads(self.weights.params)  # every rank: the gradient of all `rows`
+        stats.sum_losses(self.ranks)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.weights.params, self.algo.max_grad_norm).item()
+        skipped = not (math.isfinite(stats.loss) and math.isfinite(grad_norm))
+        if skipped:  # weights and AdamW's moments stay as they were
+            self.weights.zero_grad()
+            self.skipped_steps += 1
+        else:
+            self.optimizer.step()
+            self.weights.publish()  # masters -> compute copies
+            self.optimizer_steps += 1
+        stats.end_update(grad_norm, skipped)
 
     def _minibatches(self, size: int) -> list[torch.Tensor]:
         order = torch.randperm(size, generator=self.generator)
         step = self.algo.minibatch_size or size
         return [order[i : i + step] for i in range(0, size, step)]
 
-    def _optimizer_step(self, batch: TrainBatch, rows: torch.Tensor, old_logprobs: torch.Tensor,
-                        ref_logprobs: torch.Tensor | None, advantages: torch.Tensor,
-                        fill_old: bool = False) -> dict[str, float]:
-        """One optimizer step on `rows`; with `fill_old`, this pass's logprobs become pi_old first."""
-        input_ids, attention = batch.input_ids[rows].to(self.device), batch.attention_mask[rows].to(self.device)
-        logprobs = token_logprobs(self.policy, input_ids, attention, self.rollout.temperature)
-        mask = batch.mask[rows].to(self.device)
-        if fill_old:
-            old_logprobs[rows] = logprobs.detach().cpu() * batch.mask[rows]
-        loss, stats = grpo.policy_loss(
-            logprobs,
-            old_logprobs[rows].to(self.device),
-            advantages[rows].to(self.device),
-            mask,
-            ref_logprobs=None if ref_logprobs is None else ref_logprobs[rows].to(self.device),
-            beta=self.algo.beta,
-            clip_low=self.algo.clip_low,
-            clip_high=self.algo.clip_high,
-            aggregation=self.algo.aggregation,
-            max_tokens=self.rollout.max_new_tokens,
-            sampler_logprobs=batch.sampler_logprobs[rows].to(self.device),
-            tis_cap=self.algo.tis_cap,
-        )
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.algo.max_grad_norm)
-        self.optimizer.step()
-        return {"loss": loss.item(), "grad_norm": grad_norm.item(), **stats}
+    def _logprobs(self, model: Callable[..., Any], batch: TrainBatch, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """A no-grad pass over `rows` (all by default), micro-batched like the grad pass; 0 elsewhere."""
+        rows = torch.arange(len(batch)) if rows is None else rows
+        micro_batches = batch.micro_batches(rows, self.learner.micro_batch_size, self.learner.max_tokens_per_micro_batch)
+        return batch_logprobs(model, batch, micro_batches, self.rollout.temperature, self.device)
 
-    @torch.no_grad()
-    def _logprobs_no_grad(self, model: torch.nn.Module, batch: TrainBatch) -> torch.Tensor:
-        step = self.algo.minibatch_size or len(batch)
-        parts = [
-            token_logprobs(model, batch.input_ids[i : i + step].to(self.device),
-                           batch.attention_mask[i : i + step].to(self.device), self.rollout.temperature).cpu()
-            for i in range(0, len(batch), step)
-        ]
-        return torch.cat(parts) * batch.mask
+    def _shared_logprobs(self, model: Callable[..., Any], batch: TrainBatch) -> torch.Tensor:
+        """`_logprobs` of the whole batch, each rank computing its share (the sum over ranks is the whole)."""
+        return self.ranks.sum(self._logprobs(model, batch, self.ranks.shard(torch.arange(len(batch)), batch.lengths)))
 
-    @staticmethod
-    def _sampler_agreement(batch: TrainBatch, learner_logprobs: torch.Tensor,
-                           tis_cap: float | None) -> dict[str, float]:
-        """How far the sampler's logprobs are from the learner's for the same tokens, and the
-        importance weights pi_learner / pi_sampler that this gap implies."""
-        valid = batch.mask.bool()
-        diff = (batch.sampler_logprobs - learner_logprobs)[valid].abs()
-        weights = grpo.importance_weight_stats(learner_logprobs, batch.sampler_logprobs, batch.mask, tis_cap)
-        return {"rollout/logprob_diff_mean": diff.mean().item(), "rollout/logprob_diff_max": diff.max().item(),
-                **{f"rollout/{name}": value for name, value in weights.items()}}
+    def _refresh_reference(self) -> None:
+        """Every algo.ref_refresh_every versions pi_ref becomes the policy: the served weights, copied."""
+        every = self.algo.ref_refresh_every
+        if every is not None and self.version % every == 0:
+            self.reference.load_state_dict(self.weights.served_state_dict())
 
     def logprobs(self, groups: list[Group]) -> list[list[list[float]]]:
         """The learner's logprobs of each completion's tokens, shaped like the groups."""
-        batch = TrainBatch.from_groups(groups, self.tokenizer.pad_token_id)
-        values = self._logprobs_no_grad(self.policy, batch)
+        values = self._logprobs(self.policy, TrainBatch.from_groups(groups, self.tokenizer.pad_token_id))
         out, row = [], 0
         for group in groups:
             start = len(group.prompt_ids) - 1
@@ -188,49 +191,70 @@ class Learner:
             row += len(group.completions)
         return out
 
+    # ------------------------------------------------------------ weights to the engines
+
     def export_weights(self) -> dict[str, torch.Tensor]:
-        """The current weights; returned through Ray they land in the object store once."""
-        return export_state_dict(self.policy)
+        """The weights the engines serve (model.dtype; LoRA: merged); through Ray they land in the object store once."""
+        return export_state_dict(self.weights.served_state_dict())
 
     def checksum(self) -> str:
-        return state_checksum(self.policy.state_dict())
+        """`state_checksum` of what `export_weights` returns."""
+        return state_checksum(self.weights.served_state_dict())
 
     def weight_group_address(self) -> tuple[str, int]:
-        """Where this node can serve the weight group's rendezvous: its IP and a free port."""
-        import socket
-
-        import ray
-
-        with socket.socket() as probe:
-            probe.bind(("", 0))
-            port = probe.getsockname()[1]
-        return ray.util.get_node_ip_address(), port
+        """Where this node can serve a rendezvous (its IP, a free port): the weight group's, or the ranks'."""
+        return WeightGroup.address()
 
     def join_weight_group(self, host: str, port: int, world_size: int, timeout_s: float,
-                          backend: weights_nccl.Backend = "nccl") -> None:
+                          backend: nccl.Backend = "nccl") -> None:
         """Open the weight-update group as rank 0 (nccl on a GPU; gloo is the CPU stand-in)."""
-        self.weight_group = weights_nccl.communicator(backend, host, port, 0, world_size, self.device, timeout_s)
+        self.weight_group.join(host, port, world_size, timeout_s, backend)
 
-    def weight_plan(self, bucket_bytes: int) -> list[weights_nccl.Bucket]:
+    def weight_plan(self, bucket_bytes: int) -> list[nccl.Bucket]:
         """How `send_weights` packs the state dict; every receiver needs the same plan."""
-        return weights_nccl.plan_buckets(self.policy.state_dict(), bucket_bytes)
+        return nccl.plan_buckets(self.weights.served_state_dict(), bucket_bytes)
 
-    def send_weights(self, buckets: list[weights_nccl.Bucket]) -> None:
-        """Broadcast the current weights over the weight group; returns when they have left."""
-        weights_nccl.send(self.weight_group, self.policy.state_dict(), buckets, self.device)
-        if self.device != "cpu":
-            torch.cuda.synchronize(self.device)
+    def send_weights(self, buckets: list[nccl.Bucket]) -> None:
+        """Broadcast the served weights over the weight group; returns when they have left."""
+        self.weight_group.send(self.weights.served_state_dict(), buckets)
 
     def leave_weight_group(self) -> None:
-        self.weight_group = None
+        self.weight_group.leave()
+
+    # ------------------------------------------------------------ data-parallel ranks (group.py)
+
+    def join_ranks(self, host: str, port: int, rank: int, world_size: int) -> None:
+        """Become rank `rank` of `world_size` (rank 0 serves the rendezvous at host:port; NCCL on a
+        GPU, gloo on the CPU); rank 0's weights are broadcast to every rank."""
+        self.ranks = DataParallel.join(host, port, rank, world_size, self.device)
+        self.ranks.broadcast(self.weights.params)
+        self.weights.publish()
+
+    # ------------------------------------------------------------ saving
+
+    def save_state(self, directory: str) -> None:
+        """The learner's share of a checkpoint (learner/state.py); the caller makes it atomic."""
+        counters = {"version": self.version, "optimizer_steps": self.optimizer_steps,
+                    "skipped_steps": self.skipped_steps}
+        refreshed = self.reference if self.algo.ref_refresh_every is not None else None
+        state.save_state(Path(directory), self.weights, self.tokenizer, self.optimizer, self.scheduler, refreshed,
+                         self.generator, counters)
+
+    def load_state(self, directory: str) -> None:
+        """Continue from `save_state`'s directory, in a learner built from the same config."""
+        refreshed = self.reference if self.algo.ref_refresh_every is not None else None
+        counters = state.load_state(Path(directory), self.weights, self.optimizer, self.scheduler, refreshed,
+                                    self.generator)
+        self.version = counters["version"]
+        self.optimizer_steps, self.skipped_steps = counters["optimizer_steps"], counters["skipped_steps"]
 
     def save(self, path: str) -> str:
-        """Write the policy and tokenizer to `path` atomically (a temporary folder, then rename)."""
+        """Write the policy (float32 masters; LoRA: merged, and the adapter) and tokenizer to `path`
+        atomically (a temporary folder, then rename)."""
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-        self.policy.save_pretrained(staging)
-        self.tokenizer.save_pretrained(staging)
+        state.save_policy(self.weights, self.tokenizer, staging)
         if target.exists():
             shutil.rmtree(target)
         os.replace(staging, target)

@@ -9,9 +9,8 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 from transformers.utils import logging as transformers_logging
 
 from grpo_dist.config import check_model_path, resolve_path
+from grpo_dist.dtypes import DTYPES
 from grpo_dist.reward.registry import batched
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @batched

@@ -84,6 +84,18 @@ def takes_completion_tokens(reward: Reward) -> bool:
     return COMPLETION_TOKENS in inspect.signature(reward).parameters
 
 
+def row_fields_needed(reward: Reward, options: dict[str, Any]) -> list[str]:
+    """The row fields a reward cannot do without: its parameters with no default that are
+    neither data nor configured options (e.g. `answer` for math_answer)."""
+    target = reward.__call__ if inspect.isclass(reward) else reward
+    return [
+        name
+        for name, parameter in inspect.signature(target).parameters.items()
+        if name not in _DATA_PARAMETERS and name not in options and parameter.default is parameter.empty
+        and parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
+    ]
+
+
 def check_options(reward: Reward, options: dict[str, Any]) -> None:
     """Raise ValueError unless each option is a named parameter of `reward` of its annotated type.
 

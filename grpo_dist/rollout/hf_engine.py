@@ -7,11 +7,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from transformers.utils import logging as transformers_logging
 
 from grpo_dist.config import resolve_path
-from grpo_dist import weights_nccl
+from grpo_dist.dtypes import DTYPES
+from grpo_dist.rollout.sampling import StopStrings, draw, regroup, requests, sampled_logprobs, stop_token_ids
 from grpo_dist.types import Completion, SamplingSettings
-from grpo_dist.weights import state_checksum
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from grpo_dist.weights import nccl
+from grpo_dist.weights.checksum import state_checksum
 
 
 def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
@@ -29,39 +29,76 @@ def load_causal_lm(path: str, dtype: str, device: str = "cpu") -> torch.nn.Modul
 
 
 class HFEngine:
-    """Batched sampling with `model.generate`, returning the sampler's logprobs."""
+    """Batched sampling with a KV-cached forward loop of its own, returning the sampler's logprobs.
+
+    Each completion draws from its own torch.Generator, seeded by
+    `seeding.completion_seed(seed, j)`, one uniform number per token: its tokens depend on
+    its seed and the weights, not on the other rows of the batch. The distribution and the
+    stopping rules are rollout/sampling.py's, the same as the vLLM engine's; the checkpoint's
+    generation config contributes its EOS ids and nothing else.
+    """
 
     def __init__(self, model_path: str, dtype: str = "float32", device: str = "cpu") -> None:
         self.tokenizer = load_tokenizer(model_path)
         self.model = load_causal_lm(model_path, dtype, device)
         self.device = device
+        self.stop_ids = stop_token_ids(model_path, self.tokenizer)
 
-    @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingSettings,
                  seeds: list[int]) -> list[list[Completion]]:
-        torch.manual_seed(seeds[0])  # interim: one stream per call until the per-completion sampler lands
-        input_ids, attention_mask = self._left_padded(prompt_ids)
+        """Sample `sampling.n` completions per prompt; temperature 0 is greedy."""
+        rows = requests(prompt_ids, sampling, seeds)
+        if not rows:
+            return []
         greedy = sampling.temperature == 0
-        out = self.model.generate(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            do_sample=not greedy,
-            temperature=None if greedy else sampling.temperature,
-            top_p=None if greedy else sampling.top_p,
-            top_k=None if greedy else 0,  # no hidden top-k: sample from the full distribution
-            max_new_tokens=sampling.max_new_tokens,
-            num_return_sequences=sampling.n,
-            pad_token_id=self.tokenizer.pad_token_id,
-            eos_token_id=self.tokenizer.eos_token_id,
-            output_scores=True,
-            return_dict_in_generate=True,
-        )
-        new_tokens = out.sequences[:, input_ids.shape[1] :]
-        # `scores` are the logits after temperature and top-p: the distribution sampled from
-        logprobs = torch.stack(out.scores, dim=1).float().log_softmax(dim=-1)
-        token_logprobs = logprobs.gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
-        completions = [self._completion(new_tokens[i], token_logprobs[i]) for i in range(new_tokens.shape[0])]
-        return [completions[i * sampling.n : (i + 1) * sampling.n] for i in range(len(prompt_ids))]
+        completions = self._sample([ids for ids, _ in rows], None if greedy else [seed for _, seed in rows], sampling)
+        return regroup(completions, sampling)
+
+    @torch.no_grad()
+    def _sample(self, prompts: list[list[int]], seeds: list[int] | None,
+                sampling: SamplingSettings) -> list[Completion]:
+        """One completion per prompt; rows leave the batch (and the KV cache) as they finish."""
+        generators = None if seeds is None else [
+            torch.Generator(device=self.device).manual_seed(seed) for seed in seeds
+        ]
+        stop_strings = StopStrings(self.tokenizer, sampling.stop)
+        tokens: list[list[int]] = [[] for _ in prompts]
+        logprobs: list[list[float]] = [[] for _ in prompts]
+        finish = ["length"] * len(prompts)
+        input_ids, attention_mask = self._left_padded(prompts)
+        positions = (attention_mask.cumsum(dim=-1) - 1).clamp(min=0)
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=True,
+                         logits_to_keep=1)
+        alive = list(range(len(prompts)))  # the rows still sampling, in batch order
+        for length in range(1, sampling.max_new_tokens + 1):
+            step_logprobs = sampled_logprobs(out.logits[:, -1], sampling)
+            chosen = draw(step_logprobs, None if generators is None else [generators[r] for r in alive])
+            chosen_logprobs = step_logprobs.gather(-1, chosen.unsqueeze(-1)).squeeze(-1)
+            keep = []
+            for k, (row, token, logprob) in enumerate(zip(alive, chosen.tolist(), chosen_logprobs.tolist())):
+                tokens[row].append(token)
+                logprobs[row].append(logprob)
+                if token in self.stop_ids or (stop_strings and stop_strings.found(tokens[row])):
+                    finish[row] = "stop"
+                else:
+                    keep.append(k)
+            if not keep or length == sampling.max_new_tokens:
+                break
+            cache = out.past_key_values
+            if len(keep) < len(alive):
+                index = torch.tensor(keep, device=self.device)
+                cache.reorder_cache(index)
+                alive, chosen = [alive[k] for k in keep], chosen[index]
+                attention_mask, positions = attention_mask[index], positions[index]
+            attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(alive), 1)], dim=-1)
+            positions = positions[:, -1:] + 1
+            out = self.model(input_ids=chosen.unsqueeze(-1), attention_mask=attention_mask, position_ids=positions,
+                             past_key_values=cache, use_cache=True, logits_to_keep=1)
+        return [
+            Completion(token_ids=ids, logprobs=lps, text=self.tokenizer.decode(ids, skip_special_tokens=True),
+                       finish_reason=reason)
+            for ids, lps, reason in zip(tokens, logprobs, finish)
+        ]
 
     def _left_padded(self, prompt_ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         width = max(len(ids) for ids in prompt_ids)
@@ -70,35 +107,21 @@ class HFEngine:
         mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in prompt_ids], device=self.device)
         return input_ids, mask
 
-    def _completion(self, tokens: torch.Tensor, logprobs: torch.Tensor) -> Completion:
-        ids = tokens.tolist()
-        eos = self.tokenizer.eos_token_id
-        finish_reason = "length"
-        if eos in ids:
-            ids = ids[: ids.index(eos) + 1]
-            finish_reason = "stop"
-        return Completion(
-            token_ids=ids,
-            logprobs=logprobs[: len(ids)].tolist(),
-            text=self.tokenizer.decode(ids, skip_special_tokens=True),
-            finish_reason=finish_reason,
-        )
-
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         self.model.load_state_dict(state_dict, strict=True)
 
     def join_weight_group(self, host: str, port: int, rank_offset: int, world_size: int, timeout_s: float,
                           backend: str = "nccl") -> None:
-        """Join the learner's weight group as rank `rank_offset` (weights_nccl.py)."""
-        self.weight_group = weights_nccl.communicator(backend, host, port, rank_offset, world_size,
+        """Join the learner's weight group as rank `rank_offset` (weights/nccl.py)."""
+        self.weight_group = nccl.communicator(backend, host, port, rank_offset, world_size,
                                                       self.device, timeout_s)
 
     @torch.no_grad()
-    def receive_weights(self, buckets: list[weights_nccl.Bucket], timeout_s: float | None = None) -> None:
+    def receive_weights(self, buckets: list[nccl.Bucket], timeout_s: float | None = None) -> None:
         """Copy the broadcast weights in place, one bucket in memory at a time (timeout: the group's)."""
         served = self.model.state_dict()
         received = set()
-        for name, tensor in weights_nccl.receive(self.weight_group, buckets, self.device):
+        for name, tensor in nccl.receive(self.weight_group, buckets, self.device):
             served[name].copy_(tensor)
             received.add(name)
         if missing := set(served) - received:

@@ -5,27 +5,24 @@ the CPU the engine runs in the caller's process (no engine-core or worker subpro
 which starts in seconds and lets weight updates pass tensors directly; vLLM's binding of
 OpenMP threads to cores is off, the thread count being the caller's torch.set_num_threads.
 On a GPU vLLM keeps its default multiprocess layout and weights travel as safetensors bytes
-or by NCCL broadcast (weights_nccl.py); that path is untested here.
+or by NCCL broadcast (weights/nccl.py); that path is untested here.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 
 import torch
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 from vllm import LLM, SamplingParams
-from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
-from vllm.distributed.utils import StatelessProcessGroup
 from vllm.inputs import TokensPrompt
 from vllm.outputs import CompletionOutput
 from vllm.platforms import current_platform
 
-from grpo_dist.seeding import completion_seed
+from grpo_dist.rollout.sampling import regroup, requests, stop_token_ids
 from grpo_dist.types import Completion, SamplingSettings
-from grpo_dist.weights_nccl import Bucket
+from grpo_dist.weights.nccl import Bucket
 
 EXTENSION_CLS = "grpo_dist.rollout.vllm_extension.GRPOWorkerExtension"
 GIB = 1 << 30
@@ -59,11 +56,15 @@ class VLLMEngine:
             seed=seed,
             enforce_eager=enforce_eager,
             worker_extension_cls=EXTENSION_CLS,
-            # Sampled-token logprobs after temperature (and top-p), as the sampler used them.
+            # Sampled-token logprobs after temperature, top-k and top-p, as the sampler used them.
             logprobs_mode="processed_logprobs",
+            # Neutral defaults: a checkpoint's generation_config.json (repetition_penalty,
+            # temperature...) must not change what is sampled; its EOS ids are _stop_ids.
+            generation_config="vllm",
             **placement,
         )
         self._tokenizer = self._llm.get_tokenizer()
+        self._stop_ids = stop_token_ids(model_path, self._tokenizer)
 
     def generate(
         self, prompt_ids: list[list[int]], sampling: SamplingSettings, seeds: list[int]
@@ -73,26 +74,28 @@ class VLLMEngine:
         Each completion is a request of its own (n=1) with its own seed, so that no two
         completions share a random stream (with n=G and one seed per call, completion j of
         every prompt would). vLLM's prefix cache still computes a shared prompt once.
+        Stop strings need vLLM to detokenize as it goes; only then is it asked to.
         """
         greedy = sampling.temperature == 0
-        requests, params = [], []
-        for ids, seed in zip(prompt_ids, seeds, strict=True):
-            for sample in range(1 if greedy else sampling.n):
-                requests.append(ids)
-                params.append(SamplingParams(
-                    n=1,
-                    temperature=sampling.temperature,
-                    top_p=1.0 if greedy else sampling.top_p,
-                    max_tokens=sampling.max_new_tokens,
-                    seed=None if greedy else completion_seed(seed, sample),
-                    logprobs=0,  # the sampled token's logprob only
-                    detokenize=False,  # text comes from the tokenizer, see _to_completion
-                ))
-        outputs = self._llm.generate(_token_prompts(requests), params, use_tqdm=False)
-        completions = [self._to_completion(out.outputs[0]) for out in outputs]
-        if greedy:
-            return [[_copy(c) for _ in range(sampling.n)] for c in completions]
-        return [completions[i : i + sampling.n] for i in range(0, len(completions), sampling.n)]
+        rows = requests(prompt_ids, sampling, seeds)
+        params = [
+            SamplingParams(
+                n=1,
+                temperature=sampling.temperature,
+                top_p=1.0 if greedy else sampling.top_p,
+                top_k=0 if greedy else sampling.top_k,
+                max_tokens=sampling.max_new_tokens,
+                seed=seed,
+                stop_token_ids=self._stop_ids,
+                stop=list(sampling.stop) or None,
+                include_stop_str_in_output=True,  # the text is decoded from token_ids anyway
+                logprobs=0,  # the sampled token's logprob only
+                detokenize=bool(sampling.stop),  # text comes from the tokenizer, see _to_completion
+            )
+            for _, seed in rows
+        ]
+        outputs = self._llm.generate(_token_prompts([ids for ids, _ in rows]), params, use_tqdm=False)
+        return regroup([self._to_completion(out.outputs[0]) for out in outputs], sampling)
 
     def logprobs_of(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
         """log softmax(logits) (temperature 1) of `completion_ids` following `prompt_ids`."""
@@ -126,7 +129,7 @@ class VLLMEngine:
         self._llm.collective_rpc("grpo_leave_weight_group")
 
     def receive_weights(self, buckets: list[Bucket], timeout_s: float | None = None) -> None:
-        """Take the version the learner broadcasts over the weight group (`weights_nccl.send`).
+        """Take the version the learner broadcasts over the weight group (`weights.nccl.send`).
 
         `timeout_s` bounds the wait where the workers run in other processes (the GPU layout).
         """
@@ -164,25 +167,6 @@ class VLLMEngine:
         )
 
 
-def nccl_communicator(
-    host: str, port: int, rank: int, world_size: int, device: torch.device | str, timeout_s: float
-) -> PyNcclCommunicator:
-    """A NCCL group of its own for weight updates, outside torch.distributed's global state.
-
-    Rank 0 (the learner) serves the rendezvous store at host:port; joining waits at most timeout_s.
-    """
-    device = torch.device(device)
-    if device.index is None:  # PyNccl compares devices exactly: "cuda" != "cuda:0"
-        device = torch.device("cuda", torch.cuda.current_device())
-    group = StatelessProcessGroup.create(
-        host=host, port=port, rank=rank, world_size=world_size, store_timeout=int(timeout_s)
-    )
-    communicator = PyNcclCommunicator(group, device=device)
-    if communicator.disabled:  # no NCCL library: every broadcast would silently do nothing
-        raise RuntimeError("NCCL is not available here: the weight group cannot be created")
-    return communicator
-
-
 def _cpu_placement(tensor_parallel_size: int, kv_cache_gb: float) -> dict:
     """In-process engine and explicit KV cache size for the CPU backend."""
     if tensor_parallel_size != 1:
@@ -214,16 +198,10 @@ def _token_prompts(prompt_ids: list[list[int]]) -> list[TokensPrompt]:
 
 
 def _finish_reason(vllm_reason: str | None) -> str:
-    """vLLM's "stop" (EOS or a stop token, included in the ids) or "length"."""
+    """vLLM's "stop" (a stop token or stop string; the token ending it is the last id) or "length"."""
     if vllm_reason not in ("stop", "length"):
         raise RuntimeError(f"unexpected vLLM finish reason: {vllm_reason!r}")
     return vllm_reason
-
-
-def _copy(completion: Completion) -> Completion:
-    return replace(
-        completion, token_ids=list(completion.token_ids), logprobs=list(completion.logprobs)
-    )
 
 
 def _plain_cpu_tensors(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

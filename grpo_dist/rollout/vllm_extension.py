@@ -21,8 +21,8 @@ from vllm.model_executor.layers.vocab_parallel_embedding import (
     VocabParallelEmbedding,
 )
 
-from grpo_dist import weights_nccl
-from grpo_dist.weights import state_checksum
+from grpo_dist.weights import nccl
+from grpo_dist.weights.checksum import state_checksum
 
 Weights = dict[str, torch.Tensor] | bytes
 
@@ -55,22 +55,22 @@ class GRPOWorkerExtension:
         rank_offset: int,
         world_size: int,
         timeout_s: float,
-        backend: weights_nccl.Backend = "nccl",
+        backend: nccl.Backend = "nccl",
     ) -> None:
         """Join the learner's weight-update group as rank rank_offset + this worker's rank."""
-        self.grpo_weight_group = weights_nccl.communicator(
+        self.grpo_weight_group = nccl.communicator(
             backend, host, port, rank_offset + self.rank, world_size, self.device, timeout_s
         )
 
     def grpo_leave_weight_group(self) -> None:
         self.grpo_weight_group = None
 
-    def grpo_receive_weights(self, buckets: list[weights_nccl.Bucket]) -> None:
+    def grpo_receive_weights(self, buckets: list[nccl.Bucket]) -> None:
         """Load the buckets the learner broadcasts, one bucket in memory at a time.
 
         The learner sends its whole state dict, tied names included (see _with_tied_aliases).
         """
-        weights = weights_nccl.receive(self.grpo_weight_group, buckets, self.device)
+        weights = nccl.receive(self.grpo_weight_group, buckets, self.device)
         self.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
 
     def grpo_checksum(self) -> str:

@@ -91,7 +91,7 @@ class RolloutWorker:
                           backend: str = "nccl") -> None:
         """Join the learner's weight group (nccl: engine=vllm on a GPU; gloo: the CPU stand-in).
 
-        See weights_nccl.py: this worker's engine worker w is rank rank_offset + w.
+        See weights/nccl.py: this worker's engine worker w is rank rank_offset + w.
         """
         self.engine.join_weight_group(host, port, rank_offset, world_size, timeout_s, backend)
 

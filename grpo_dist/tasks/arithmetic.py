@@ -26,24 +26,18 @@ import time
 from pathlib import Path
 
 import torch
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from grpo_dist.tasks import tiny
+
 ASSET_DIR = Path(__file__).parent / "assets" / "arithmetic"
-PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
 ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
-CHARACTERS = list("0123456789+=")
+CHARACTERS = "0123456789+="
 
 
 def build_tokenizer() -> PreTrainedTokenizerFast:
-    """A character-level tokenizer; the answer tags are single tokens."""
-    vocab_tokens = [PAD, EOS, UNK, ANSWER_OPEN, ANSWER_CLOSE, *CHARACTERS]
-    tokenizer = Tokenizer(models.WordLevel({t: i for i, t in enumerate(vocab_tokens)}, unk_token=UNK))
-    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    tokenizer.decoder = decoders.Fuse()
-    tokenizer.add_tokens([AddedToken(ANSWER_OPEN, normalized=False), AddedToken(ANSWER_CLOSE, normalized=False)])
-    tokenizer.add_special_tokens([AddedToken(PAD), AddedToken(EOS), AddedToken(UNK)])
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token=PAD, eos_token=EOS, unk_token=UNK)
+    """A character-level tokenizer (tasks/tiny.py); the answer tags are single tokens."""
+    return tiny.build_tokenizer(CHARACTERS, added=[ANSWER_OPEN, ANSWER_CLOSE])
 
 
 def build_model(vocab_size: int, seed: int = 0) -> LlamaForCausalLM:

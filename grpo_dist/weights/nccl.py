@@ -1,8 +1,8 @@
 """Weight broadcast over NCCL: the learner (rank 0) to every vLLM engine worker (ranks 1..N).
 
 The learner and the engine workers form a process group of their own, created for this
-purpose (`vllm_engine.nccl_communicator`), so neither side's torch.distributed state is
-touched. Each policy version travels as a few flat byte buffers ("buckets") of at most
+purpose (`nccl_communicator`, vLLM's NCCL wrapper, imported only when it is used), so neither
+side's torch.distributed state is touched. Each policy version travels as a few flat byte buffers ("buckets") of at most
 `bucket_bytes`, each one NCCL broadcast, so the number of collectives stays small while the
 extra memory on either side is one bucket. Both sides must agree on the bucket plan: the
 learner makes it with `plan_buckets` and the controller hands it to the engines.
@@ -138,9 +138,29 @@ def communicator(backend: Backend, host: str, port: int, rank: int, world_size: 
     """Join the weight group at host:port as `rank`; rank 0 must be the sender (the learner)."""
     if backend == "gloo":
         return GlooCommunicator(host, port, rank, world_size, timeout_s)
-    from grpo_dist.rollout.vllm_engine import nccl_communicator  # vLLM's NCCL wrapper: GPU only
-
     return nccl_communicator(host, port, rank, world_size, device, timeout_s)
+
+
+def nccl_communicator(host: str, port: int, rank: int, world_size: int, device: torch.device | str,
+                      timeout_s: float) -> Communicator:
+    """A NCCL group of its own for weight updates, outside torch.distributed's global state.
+
+    Rank 0 (the learner) serves the rendezvous store at host:port; joining waits at most
+    timeout_s. vLLM's wrappers (GPU only) are imported here, so that nothing else needs vLLM.
+    """
+    from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
+    from vllm.distributed.utils import StatelessProcessGroup
+
+    device = torch.device(device)
+    if device.index is None:  # PyNccl compares devices exactly: "cuda" != "cuda:0"
+        device = torch.device("cuda", torch.cuda.current_device())
+    group = StatelessProcessGroup.create(
+        host=host, port=port, rank=rank, world_size=world_size, store_timeout=int(timeout_s)
+    )
+    communicator = PyNcclCommunicator(group, device=device)
+    if communicator.disabled:  # no NCCL library: every broadcast would silently do nothing
+        raise RuntimeError("NCCL is not available here: the weight group cannot be created")
+    return communicator
 
 
 def engine_rank_offsets(num_workers: int, tensor_parallel_size: int) -> list[int]:
@@ -149,7 +169,7 @@ def engine_rank_offsets(num_workers: int, tensor_parallel_size: int) -> list[int
 
 
 class NcclSync:
-    """The `WeightSync` (weights.py) that broadcasts from the learner to every engine worker.
+    """The `WeightSync` (weights/__init__.py) that broadcasts from the learner to every engine worker.
 
     `setup` forms the group: the learner (rank 0) serves the rendezvous at an address on its
     own node, rollout worker i's engine workers join as ranks 1 + i*tp .. (i+1)*tp, world size

@@ -1,0 +1,7 @@
+"""The one table from config dtype names (`model.dtype`, a reward model's `dtype`) to torch dtypes."""
+
+from __future__ import annotations
+
+import torch
+
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -1,0 +1,131 @@
+"""Several learner ranks that the controller uses as one learner.
+
+`start_learner(config)` returns the actor the controller talks to: a `Learner` when
+`learner.num_ranks` is 1, else a `LearnerGroup`, an actor of its own (no CPUs) that starts
+K `Learner` ranks in one placement group (a bundle of learner.num_cpus / num_gpus each,
+packed), joins them into one data-parallel group (distributed.py: gloo on CPUs, NCCL on
+GPUs) and offers the Learner's methods:
+
+- train_step(*chunks): every rank gets the whole batch (one object-store copy) and trains
+  on its share; the metrics are rank 0's (already summed over ranks), the peak memory the
+  largest of any rank.
+- export_weights, checksum, save, save_state, logprobs, and the weight-group methods: rank 0.
+  checksum first checks that every rank holds the same weights.
+- load_state: every rank.
+- close(): ends the ranks and the placement group the group made.
+
+Ray ties a placement group to the job, not to the actor that made it: killing the group
+ends its ranks, but the placement group it made stays reserved until close() or the end of
+the driver. A controller that reserves placement groups itself passes the learner's
+(`learner_bundles`) to `start_learner` and removes it. For export_weights the weights pass
+through the group's process once more than with a single learner; the NCCL weight sync
+sends from rank 0 directly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+
+from grpo_dist.config import AlgoConfig, Config, LearnerConfig, ModelConfig, RolloutConfig
+from grpo_dist.learner.worker import Learner
+from grpo_dist.placement import in_bundle
+from grpo_dist.types import Group
+
+
+def learner_bundles(learner: LearnerConfig) -> list[dict[str, float]]:
+    """One placement-group bundle per rank: its CPUs and GPUs."""
+    bundle = {name: amount for name, amount in (("CPU", learner.num_cpus), ("GPU", learner.num_gpus)) if amount}
+    return [bundle] * learner.num_ranks
+
+
+def start_learner(config: Config, placement: PlacementGroup | None = None) -> Any:
+    """The learner actor for `config`: one Learner, or a LearnerGroup over learner.num_ranks ranks.
+
+    `placement`, when given, holds `learner_bundles(config.learner)`: the learner (rank i) goes
+    into bundle i; otherwise a single learner is placed freely and a group makes its own.
+    """
+    learner = config.learner
+    args = (config.model, config.algo, learner, config.rollout, config.trainer.seed, config.trainer.steps)
+    if learner.num_ranks > 1:
+        return ray.remote(LearnerGroup).options(num_cpus=0).remote(*args, placement=placement)
+    where = {} if placement is None else {"scheduling_strategy": in_bundle(placement, 0)}
+    return ray.remote(Learner).options(num_cpus=learner.num_cpus, num_gpus=learner.num_gpus, **where).remote(*args)
+
+
+def gather(futures: list[ray.ObjectRef]) -> list[Any]:
+    """Every result, in order; the first failure raises as soon as it is known (not after the others)."""
+    pending = list(futures)
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        ray.get(done)  # raises a rank's exception now: its peers may be blocked in a collective
+    return ray.get(futures)
+
+
+class LearnerGroup:
+    """Runs as a Ray actor (see `start_learner`): K Learner ranks behind the Learner's interface."""
+
+    def __init__(self, model: ModelConfig, algo: AlgoConfig, learner: LearnerConfig, rollout: RolloutConfig,
+                 seed: int, total_steps: int | None = None, placement: PlacementGroup | None = None) -> None:
+        self.owns_placement = placement is None
+        self.placement = placement or placement_group(learner_bundles(learner), strategy="PACK")
+        rank_cls = ray.remote(Learner)
+        self.ranks = [
+            rank_cls.options(num_cpus=learner.num_cpus, num_gpus=learner.num_gpus,
+                             scheduling_strategy=in_bundle(self.placement, index)
+                             ).remote(model, algo, learner, rollout, seed, total_steps)
+            for index in range(learner.num_ranks)
+        ]
+        host, port = ray.get(self.ranks[0].weight_group_address.remote())
+        gather([rank.join_ranks.remote(host, port, index, len(self.ranks)) for index, rank in enumerate(self.ranks)])
+
+    def train_step(self, *chunks: list[Group]) -> dict[str, float]:
+        groups = ray.put([group for chunk in chunks for group in chunk])
+        metrics = gather([rank.train_step.remote(groups) for rank in self.ranks])
+        peak = max(m["system/learner_peak_memory_mb"] for m in metrics)
+        return {**metrics[0], "system/learner_peak_memory_mb": peak}
+
+    def checksum(self) -> str:
+        checksums = gather([rank.checksum.remote() for rank in self.ranks])
+        if len(set(checksums)) > 1:
+            raise RuntimeError(f"learner ranks hold different weights: checksums {checksums}")
+        return checksums[0]
+
+    def export_weights(self) -> dict:
+        return ray.get(self.ranks[0].export_weights.remote())
+
+    def logprobs(self, groups: list[Group]) -> list[list[list[float]]]:
+        return ray.get(self.ranks[0].logprobs.remote(groups))
+
+    def save(self, path: str) -> str:
+        return ray.get(self.ranks[0].save.remote(path))
+
+    def save_state(self, directory: str) -> None:
+        ray.get(self.ranks[0].save_state.remote(directory))
+
+    def load_state(self, directory: str) -> None:
+        gather([rank.load_state.remote(directory) for rank in self.ranks])
+
+    def weight_group_address(self) -> tuple[str, int]:
+        return ray.get(self.ranks[0].weight_group_address.remote())
+
+    def join_weight_group(self, *args: Any) -> None:
+        ray.get(self.ranks[0].join_weight_group.remote(*args))
+
+    def weight_plan(self, bucket_bytes: int) -> list:
+        return ray.get(self.ranks[0].weight_plan.remote(bucket_bytes))
+
+    def send_weights(self, buckets: list) -> None:
+        ray.get(self.ranks[0].send_weights.remote(buckets))
+
+    def leave_weight_group(self) -> None:
+        ray.get(self.ranks[0].leave_weight_group.remote())
+
+    def close(self) -> None:
+        """End the ranks, and the placement group if the group made it."""
+        for rank in self.ranks:
+            ray.kill(rank)
+        if self.owns_placement:
+            remove_placement_group(self.placement)

@@ -1,0 +1,181 @@
+"""data.py: every dataset format, messages and chat templates, field names, the length limit, and
+errors that name the source, the row and the field before anything starts."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from gsm8k_helpers import ROWS, write_gsm8k
+from grpo_dist.config import load_config
+from grpo_dist.data import DataError, PromptCursor, load_table, prepare_data, read_jsonl
+from grpo_dist.tasks.tiny import save_tiny_model
+
+ROOT = Path(__file__).resolve().parent.parent
+ARITHMETIC = [{"prompt": "1+2=", "answer": "3"}, {"prompt": "40+2=", "answer": "42"}, {"prompt": "7+7=", "answer": "14"}]
+
+
+@pytest.fixture(scope="module")
+def chat_model(tmp_path_factory) -> str:
+    """A tiny model whose tokenizer has a ChatML template; context 512 tokens."""
+    folder = tmp_path_factory.mktemp("chat_model")
+    save_tiny_model(folder, "qwen2", chat=True, max_positions=512)
+    return str(folder)
+
+
+def write_jsonl(path: Path, rows: list, blank_lines: bool = False) -> str:
+    lines = [json.dumps(row) for row in rows]
+    path.write_text(("\n\n" if blank_lines else "\n").join(lines) + "\n")
+    return str(path)
+
+
+def config(*overrides: str):
+    return load_config(None, ["data.eval=null", *overrides])
+
+
+def test_jsonl_json_parquet_and_dataset_folders_give_the_same_rows(tmp_path):
+    write_jsonl(tmp_path / "rows.jsonl", ARITHMETIC, blank_lines=True)
+    (tmp_path / "rows.json").write_text(json.dumps(ARITHMETIC))
+    pq.write_table(pa.Table.from_pylist(ARITHMETIC), tmp_path / "rows.parquet")
+    for name in ("rows.jsonl", "rows.json", "rows.parquet"):
+        assert load_table(str(tmp_path / name)).rows == ARITHMETIC, name
+    folder = write_gsm8k(tmp_path / "gsm8k", train=6, test=2)
+    assert load_table(str(folder), "train", "main").rows == ROWS[:6]
+    assert load_table(str(folder), "test", "main").rows == ROWS[6:8]
+
+
+def test_the_default_task_prepares_every_row():
+    data = prepare_data(load_config(None))
+    assert len(data.train) == 9000 and len(data.eval) == 1000
+    first = data.train[0]
+    assert first.index == 0 and first.text == first.row["prompt"] and len(first.ids) == len(first.text)
+
+
+def test_field_names_and_templates_are_configurable(tmp_path):
+    rows = [{"question": "2+2?", "solution": "4"}, {"question": "3+3?", "solution": "6"}]
+    path = write_jsonl(tmp_path / "q.jsonl", rows)
+    data = prepare_data(config(f"data.train={path}", "data.prompt_field=question", "data.answer_field=solution",
+                               "data.prompt_template='Q: {prompt} ({solution})'"))
+    assert [p.text for p in data.train] == ["Q: 2+2? (4)", "Q: 3+3? (6)"]
+    # rewards receive every field of the row, and the answer field also as `answer`
+    assert data.train[0].row == {"question": "2+2?", "solution": "4", "answer": "4"}
+
+
+def test_a_chat_template_renders_messages_and_prompts_with_the_system_prompt(tmp_path, chat_model):
+    rows = [{"messages": [{"role": "user", "content": "Hi"}], "answer": "1"},
+            {"prompt": "What is 2+2?", "answer": "4"},
+            {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Go"}],
+             "answer": "2"}]
+    path = write_jsonl(tmp_path / "chat.jsonl", rows)
+    data = prepare_data(config(f"model.path={chat_model}", f"data.train={path}", "data.system_prompt=Think."))
+    assert [p.text for p in data.train] == [
+        "<|im_start|>system\nThink.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n",
+        "<|im_start|>system\nThink.<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n",
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nGo<|im_end|>\n<|im_start|>assistant\n",
+    ]
+    assert data.train[1].ids[0] == 3  # <|im_start|> as one token, no BOS added to the template's text
+    plain = prepare_data(config(f"model.path={chat_model}", "data.chat_template=false"))
+    assert plain.train[0].text == "25+99="
+
+
+@pytest.mark.parametrize("rows,overrides,message", [
+    ([{"prompt": "a", "answer": "1"}, {"question": "b", "answer": "2"}], [],
+     r"rows.jsonl:2: no field 'prompt' \(data.prompt_field\)"),
+    ([{"prompt": "a"}], [], r"rows.jsonl:1: no field 'answer' \(data.answer_field='answer'\), which reward "
+                            r"'exact_answer' needs"),
+    ([{"prompt": "a", "answer": "1"}, {"prompt": 7, "answer": "1"}], [], "rows.jsonl:2: field 'prompt' must be"),
+    ([{"prompt": "a", "answer": "1"}], ["data.prompt_template='{prompt} {hint}'"],
+     r"rows.jsonl:1: data.prompt_template names field 'hint'"),
+    ([{"messages": [{"role": "user", "content": "a"}], "answer": "1"}], ["data.chat_template=false"],
+     "rows.jsonl:1: field 'messages' holds messages, but no chat template is applied"),
+    ([[1, 2]], [], "rows.jsonl:1: a row must be an object"),
+    ([{"prompt": "a"}], ["reward.functions=[{name: answer_format}]", "reward.accuracy_from=answer_format",
+                         "data.system_prompt=x"], "data.system_prompt is set, but no chat template"),
+    ([{"prompt": "a", "answer": "1"}], ["data.chat_template=true"], "the model's tokenizer has no chat template"),
+])
+def test_bad_rows_name_the_row_and_the_field(tmp_path, rows, overrides, message):
+    path = write_jsonl(tmp_path / "rows.jsonl", rows)
+    with pytest.raises(DataError, match=message):
+        prepare_data(config(f"data.train={path}", *overrides))
+
+
+def test_a_reward_that_needs_no_answer_needs_no_answer_field(tmp_path):
+    path = write_jsonl(tmp_path / "rows.jsonl", [{"prompt": "a"}])
+    data = prepare_data(config(f"data.train={path}", "reward.functions=[{name: answer_format}]",
+                               "reward.accuracy_from=answer_format"))
+    assert data.train[0].row == {"prompt": "a"}
+
+
+@pytest.mark.parametrize("messages,message", [
+    ([{"role": "user"}], r"messages\[0\] must have string 'role' and 'content'"),
+    ([{"role": "user", "content": "a"}, {"content": "b"}], r"messages\[1\] must have"),
+    ([], "field .messages. is an empty list of messages"),
+])
+def test_messages_need_role_and_content(tmp_path, chat_model, messages, message):
+    rows = [{"messages": [{"role": "user", "content": "fine"}], "answer": "1"}, {"messages": messages, "answer": "1"}]
+    path = write_jsonl(tmp_path / "rows.jsonl", rows)
+    with pytest.raises(DataError, match="rows.jsonl:2: " + message):
+        prepare_data(config(f"model.path={chat_model}", f"data.train={path}"))
+
+
+def test_unreadable_malformed_and_empty_sources(tmp_path):
+    (tmp_path / "broken.jsonl").write_text('{"prompt": "a"}\n\n{"prompt": \n')
+    with pytest.raises(DataError, match=r"broken.jsonl:3: not valid JSON"):
+        read_jsonl(str(tmp_path / "broken.jsonl"))
+    (tmp_path / "binary.jsonl").write_bytes(b"\xff\xfe\x00{")
+    with pytest.raises(DataError, match="binary.jsonl: cannot read"):
+        load_table(str(tmp_path / "binary.jsonl"))
+    (tmp_path / "blank.jsonl").write_text("\n\n")
+    with pytest.raises(DataError, match="blank.jsonl: no rows"):
+        load_table(str(tmp_path / "blank.jsonl"))
+    (tmp_path / "object.json").write_text('{"prompt": "a"}')
+    with pytest.raises(DataError, match="a JSON dataset is a list of rows"):
+        load_table(str(tmp_path / "object.json"))
+    (tmp_path / "bad.parquet").write_text("not parquet")
+    with pytest.raises(DataError, match="bad.parquet: cannot read: .*magic bytes"):
+        load_table(str(tmp_path / "bad.parquet"))
+    pq.write_table(pa.Table.from_pylist([], schema=pa.schema([("prompt", pa.string())])), tmp_path / "empty.parquet")
+    with pytest.raises(DataError, match="empty.parquet: no rows"):
+        load_table(str(tmp_path / "empty.parquet"))
+    with pytest.raises(DataError, match=r"\[main/validation\]: cannot load.*Unknown split"):
+        load_table(str(write_gsm8k(tmp_path / "gsm8k")), "validation", "main")
+
+
+def test_long_prompts_are_dropped_and_counted(tmp_path, capsys):
+    rows = [{"prompt": "1+1=", "answer": "2"}, {"prompt": "1" * 60 + "=", "answer": "2"}, {"prompt": "2+2=", "answer": "4"}]
+    path = write_jsonl(tmp_path / "rows.jsonl", rows)
+    # the arithmetic model's context is 64 positions: 64 - max_new_tokens 8 = 56 prompt tokens by default
+    data = prepare_data(config(f"data.train={path}"))
+    assert [p.index for p in data.train] == [0, 2]  # indexes are positions in the split, dropped rows counted
+    assert "dropped 1 of 3 rows" in capsys.readouterr().err
+    with pytest.raises(DataError, match="every prompt is longer than 3 tokens"):
+        prepare_data(config(f"data.train={path}", "rollout.max_prompt_tokens=3"))
+    with pytest.raises(DataError, match="rollout.max_prompt_tokens=60 \\+ rollout.max_new_tokens=8 exceed the "
+                                        "context of 64"):
+        prepare_data(config(f"data.train={path}", "rollout.max_prompt_tokens=60"))
+    assert len(prepare_data(config(f"data.train={path}", "rollout.vllm.max_model_len=16")).train) == 2
+
+
+def test_eval_rows_and_the_cursor():
+    data = prepare_data(load_config(None, ["data.eval_rows=5"]))
+    assert [p.index for p in data.eval] == [0, 1, 2, 3, 4]
+    cursor = PromptCursor(data.train[:5], seed=0)
+    first_epoch = cursor.next_batch(5)
+    assert sorted(p.index for p in first_epoch) == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("content,message", [
+    ('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2=", "answer": \n', "rows.jsonl:2: not valid JSON"),
+    ('{"prompt": "1+1=", "answer": "2"}\n{"question": "2+2=", "answer": "4"}\n', "rows.jsonl:2: no field 'prompt'"),
+])
+def test_the_cli_exits_2_on_bad_data_before_ray_starts(tmp_path, content, message):
+    (tmp_path / "rows.jsonl").write_text(content)
+    result = subprocess.run([sys.executable, "-m", "grpo_dist.launch", f"data.train={tmp_path / 'rows.jsonl'}",
+                             "cluster.address=local"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert message in result.stderr and "error:" in result.stderr
+    assert "Ray" not in result.stderr + result.stdout  # nothing was started
