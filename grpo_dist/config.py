@@ -140,10 +140,11 @@ def node_labels_field(actor: str) -> Any:
                  "{pool: gpu}: it lands only on nodes started with them (ray start --labels)")
 
 
-def check_bundle(actor: str, num_cpus: float, num_gpus: float, resources: dict[str, float]) -> None:
+def check_bundle(section: str, num_cpus: float, num_gpus: float, resources: dict[str, float], what: str) -> None:
     """Every actor sits in a placement-group bundle, and Ray refuses a bundle that asks for nothing."""
     if num_cpus == 0 and num_gpus == 0 and not any(resources.values()):
-        raise ValueError(f"{actor} actors are placed in placement groups: give num_cpus, num_gpus or resources > 0")
+        raise ValueError(f"{what} sits in a placement-group bundle: give {section}.num_cpus, {section}.num_gpus "
+                         f"or {section}.resources > 0")
 
 
 class RolloutConfig(Section):
@@ -197,7 +198,7 @@ class RolloutConfig(Section):
 
     @model_validator(mode="after")
     def _workers_reserve_resources(self) -> RolloutConfig:
-        check_bundle("rollout", self.num_cpus, self.num_gpus, self.resources)
+        check_bundle("rollout", self.num_cpus, self.num_gpus, self.resources, "each rollout worker")
         tensor_parallel = self.vllm.tensor_parallel_size
         if tensor_parallel > 1 and self.num_gpus != tensor_parallel:
             raise ValueError(f"an engine with vllm.tensor_parallel_size={tensor_parallel} needs that many GPUs in its "
@@ -246,7 +247,7 @@ class RewardConfig(Section):
 
     @model_validator(mode="after")
     def _actors_reserve_resources(self) -> RewardConfig:
-        check_bundle("reward", self.num_cpus, self.num_gpus, self.resources)
+        check_bundle("reward", self.num_cpus, self.num_gpus, self.resources, "each reward actor")
         return self
 
     @model_validator(mode="after")
@@ -350,7 +351,8 @@ class LearnerConfig(Section):
 
     @model_validator(mode="after")
     def _actor_reserves_resources(self) -> LearnerConfig:
-        check_bundle("learner", self.num_cpus, self.num_gpus, self.resources)
+        check_bundle("learner", self.num_cpus, self.num_gpus, self.resources,
+                     f"each of the learner.num_ranks={self.num_ranks} learner ranks")
         return self
 
 
@@ -461,9 +463,6 @@ class Config(Section):
         if algo.overlong_buffer is not None and "length_penalty" in [f.name for f in self.reward.functions]:
             raise ValueError("algo.overlong_buffer adds the length_penalty reward, which reward.functions already "
                              "has: drop one of them")
-        if learner.num_ranks > 1 and learner.num_cpus == 0 and learner.num_gpus == 0:
-            raise ValueError("learner.num_ranks > 1 places each rank in a bundle: give learner.num_cpus or "
-                             "learner.num_gpus > 0")
         if learner.num_ranks > 1 and learner.num_gpus != int(learner.num_gpus):
             raise ValueError(f"learner.num_ranks > 1 with learner.num_gpus={learner.num_gpus}: the ranks' NCCL "
                              "group needs a whole GPU per rank")

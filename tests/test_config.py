@@ -128,7 +128,7 @@ def test_pipeline_and_placement_settings_are_validated():
                             ("reward.resources={sandbox: x}", "reward.resources")]:
         with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
             load_config(None, [override])
-    with pytest.raises(ConfigError, match="reward actors are placed in placement groups"):
+    with pytest.raises(ConfigError, match=r"each reward actor sits in a placement-group bundle: give reward\.num_cpus"):
         load_config(None, ["reward.num_cpus=0"])
     with pytest.raises(ConfigError, match="tensor_parallel_size=2 needs that many GPUs"):
         load_config(None, ["rollout.vllm.tensor_parallel_size=2", "rollout.num_gpus=1"])

@@ -5,6 +5,7 @@ the "trainer" node offers others that the learner and the reward actors ask for;
 has one (simulated) GPU, which a learner and an engine asking for half a GPU each share.
 """
 
+import json
 import time
 
 import pytest
@@ -93,7 +94,7 @@ def test_a_run_places_every_role_where_configured(two_nodes, tmp_path, mode):
         "rollout.group_size=4", "rollout.prompts_per_step=8", "rollout.chunk_prompts=2", "reward.num_workers=2",
         "learner.num_cpus=0.5", "learner.threads=1", "algo.lr=1e-3", "data.eval_rows=8",
         f"trainer.mode={mode}", "trainer.steps=3", "trainer.eval_every=0", "trainer.save_final=false",
-        "trainer.progress=false", f"trainer.output_dir={tmp_path}",
+        "trainer.progress=false", "trainer.loggers=[jsonl]", f"trainer.output_dir={tmp_path}",
     ])
     trainer = Trainer(config, tmp_path / mode)
     trainer.start()
@@ -109,15 +110,16 @@ def test_a_run_places_every_role_where_configured(two_nodes, tmp_path, mode):
                          "learner": [two_nodes["trainer"]]}
         trainer.verify_weights()
         (tmp_path / mode).mkdir()
-        log = MetricsLog(tmp_path / mode)
+        log = MetricsLog(tmp_path / mode, config)
         assert trainer.train(log, time.time()) == 3  # every push's checksums are checked
+        log.close()
         trainer.verify_weights()  # every engine serves the learner's final weights
         learner_checksum = ray.get(trainer.actors.learner.checksum.remote())
         assert ray.get([w.checksum.remote() for w in trainer.actors.rollouts]) == [learner_checksum] * 2
     finally:
         trainer.stop()
-    records = log.records
-    assert [r["learner/version"] for r in records] == [1.0, 2.0, 3.0]
+    records = [json.loads(line) for line in (tmp_path / mode / "metrics.jsonl").read_text().splitlines()]
+    assert [r["policy/version"] for r in records] == [1.0, 2.0, 3.0]
     lags = [r["rollout/staleness_max"] for r in records]
     assert lags == ([0.0, 0.0, 0.0] if mode == "sync" else [0.0, 1.0, 1.0])
     wait_for_free_cpus(4.0)
