@@ -19,8 +19,7 @@ import time
 import ray
 
 from grpo_dist.config import load_config
-from grpo_dist.data import build_prompts, read_jsonl
-from grpo_dist.rollout.hf_engine import load_tokenizer
+from grpo_dist.data import prepare_data
 from grpo_dist.rollout.worker import RolloutWorker
 from grpo_dist.seeding import prompt_seed
 from grpo_dist.types import SamplingSettings
@@ -42,8 +41,7 @@ def main() -> None:
     args = parse_args()
     ray.init(num_cpus=2, include_dashboard=False, namespace="grpo_dist_bench")
     config = load_config(None)
-    rows = read_jsonl(config.data.train)[: args.prompts]
-    prompts = build_prompts(rows, config.data.prompt_template, load_tokenizer(config.model.path))
+    prompts = prepare_data(config).train[: args.prompts]
     seeds = [prompt_seed(0, 1, i) for i in range(len(prompts))]
     sampling = SamplingSettings(n=args.n, temperature=1.0, max_new_tokens=args.max_new_tokens)
     print(f"{'threads':>7} {'engine':<13} {'s/call':>7} {'tokens/s':>9} {'vllm/transformers':>18}")
