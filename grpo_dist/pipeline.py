@@ -129,11 +129,10 @@ class RolloutPipeline:
         self.seed, self.chunk_prompts = seed, chunk_prompts
         self.max_staleness, self.timeout_s = max_staleness, timeout_s
 
-    def submit(self, step: int, prompts: list[Prompt], sampling: SamplingSettings,
-               chunk_prompts: int | None = None) -> Batch:
+    def submit(self, step: int, prompts: list[Prompt], sampling: SamplingSettings) -> Batch:
         """Split the prompts over the workers (contiguous shares), each share into chunks of
         `chunk_prompts`, and launch them all; prompt i samples with prompt_seed(seed, step, i)."""
-        size = chunk_prompts or self.chunk_prompts
+        size = self.chunk_prompts
         seeds = [prompt_seed(self.seed, step, position) for position in range(len(prompts))]
         plan = [(round_, worker, share[start : start + size])
                 for worker, share in enumerate(split(list(range(len(prompts))), len(self.rollouts)))

@@ -70,11 +70,11 @@ class RolloutWorker:
     def generate_chunk(self, prompts: list[Prompt], sampling: SamplingSettings,
                        seeds: list[int]) -> tuple[list[Group], dict[str, float]]:
         """`generate`, and what the controller needs to know about the call, small: the policy
-        version, when it ran, the weight loading that came before it, and the worker's peak
-        memory (pipeline.py)."""
-        started = time.time()
+        version, how long it took, the weight loading that came before it, and the worker's
+        peak memory (pipeline.py)."""
+        started = time.perf_counter()
         groups = self.generate(prompts, sampling, seeds)
-        info = {"policy_version": float(self.version), "start": started, "generate_s": time.time() - started,
+        info = {"policy_version": float(self.version), "generate_s": time.perf_counter() - started,
                 "load_s": self.load_s, "peak_memory_mb": peak_memory_mb()}
         self.load_s = 0.0
         return groups, info
