@@ -73,7 +73,7 @@ def head(tmp_path):
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         try:
-            process.wait(timeout=60)
+            process.wait(timeout=10)
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
