@@ -1,24 +1,27 @@
-"""GPU smoke test: a few GRPO steps with vLLM rollouts and the NCCL weight sync.
+"""GPU smoke test: a few GRPO steps of the real Trainer with vLLM rollouts and the NCCL weight sync.
 
-    python deploy/gpu_smoke.py                 # ~0.5B Qwen2, random weights, no hub
-    python deploy/gpu_smoke.py --dry-run --size tiny   # CPU: build model + tokenizer, plan buckets
+    python deploy/gpu_smoke.py                          # ~0.5B Qwen2, random weights, no hub
+    python deploy/gpu_smoke.py --mode async             # rollouts one version ahead of the learner
+    python deploy/gpu_smoke.py --dry-run --size tiny    # CPU: build model + tokenizer, plan buckets
 
 Builds a Qwen2-architecture model from a config (random weights) and a character-level
-tokenizer made with `tokenizers`, saves both to a temporary folder, starts a Learner and a
-vLLM RolloutWorker as Ray actors with one GPU each, and runs GRPO steps: generate, score
-(a toy rule: the share of digits in the completion), learn, sync. Prints generation
-tokens/s, learner tokens/s and the weight sync in milliseconds per step.
+tokenizer made with `tokenizers`, saves both with a small addition dataset to a temporary
+folder, and runs `grpo_dist.trainer.Trainer` on them: one vLLM rollout worker and the
+learner, one GPU each (half a GPU each on a one-GPU machine), rewards `exact_answer` plus
+`length_penalty` (random weights never answer right; the penalty gives each group some
+spread). Prints generation tokens/s, learner tokens/s and the seconds the engine spent taking
+weights, per step, then the run's summary.
 
 NCCL cannot place two ranks on one GPU, so the NCCL sync needs two GPUs (learner on one,
-engine on the other). On a single GPU the script falls back to the object-store sync
-(`--sync object-store`), which is what the CPU path uses, and says so.
+engine on the other). On a single GPU the trainer's `weight_sync: auto` picks the object
+store (fractional GPUs), which is what the CPU path uses; the script says which it got.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -36,11 +39,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--prompts", type=int, default=64, help="prompts per step")
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--sync", choices=["auto", "nccl", "object-store"], default="auto",
-                        help="auto: nccl with two or more GPUs, else object-store")
+    parser.add_argument("--mode", choices=["sync", "async"], default="sync", help="trainer.mode (async: staleness 1)")
+    parser.add_argument("--engine", choices=["vllm", "transformers"], default="vllm", help="rollout.engine")
+    parser.add_argument("--sync", choices=["auto", "nccl", "object_store"], default="auto",
+                        help="trainer.weight_sync; auto: nccl with two or more GPUs, else object_store")
     parser.add_argument("--bucket-mb", type=int, default=256, help="NCCL bucket size")
     parser.add_argument("--sync-timeout-s", type=float, default=120.0)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.5)
+    parser.add_argument("--output-dir", default=None, help="where the run directory goes (default: a temporary one)")
     parser.add_argument("--dry-run", action="store_true", help="build and save the model, plan buckets, stop")
     return parser.parse_args(argv)
 
@@ -71,12 +77,40 @@ def save_model(size: str, folder: Path) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def digit_share(text: str) -> float:
-    """Toy reward with spread across a group: the share of digits in the completion."""
-    return sum(c.isdigit() for c in text) / max(len(text), 1)
+def save_dataset(folder: Path, rows: int = 2000) -> None:
+    """train.jsonl and eval.jsonl of `a+b=` prompts with their sums, for exact_answer."""
+    problems = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(100) for b in range(100)]
+    for name, part in (("train", problems[:rows]), ("eval", problems[rows : rows + 64])):
+        (folder / f"{name}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in part))
 
 
-def main(argv: list[str] | None = None) -> None:
+def smoke_config(args: argparse.Namespace, folder: Path, gpus: int, output_dir: Path):
+    """The Trainer's config for this machine: a GPU each for learner and engine when there are
+    two, half of one each when there is one, none on a CPU."""
+    from grpo_dist.config import load_config
+
+    share = 1.0 if gpus >= 2 else 0.5 if gpus == 1 else 0.0
+    return load_config(None, [
+        f"model.path={folder}", "model.dtype=bfloat16",
+        f"data.train={folder / 'train.jsonl'}", f"data.eval={folder / 'eval.jsonl'}",
+        f"rollout.engine={args.engine}", f"rollout.num_gpus={share}", f"rollout.num_cpus={1 if share else 0.5}",
+        f"rollout.group_size={args.group_size}", f"rollout.prompts_per_step={args.prompts}",
+        f"rollout.max_new_tokens={args.max_new_tokens}", "rollout.chunk_prompts=16",
+        f"rollout.vllm.gpu_memory_utilization={args.gpu_memory_utilization}", f"rollout.vllm.enforce_eager={not share}",
+        "rollout.vllm.cpu_kv_cache_gb=0.25",
+        f"learner.num_gpus={share}", f"learner.num_cpus={1 if share else 0.5}",
+        "algo.lr=1e-5", f"algo.minibatch_size={8 * args.group_size if args.prompts % 8 == 0 else 'null'}",
+        "reward.functions=[{name: exact_answer}, {name: length_penalty, weight: 0.5, "
+        f"kwargs: {{soft_length: {max(args.max_new_tokens // 4, 1)}, max_length: {args.max_new_tokens}}}}}]",
+        f"trainer.mode={args.mode}", f"trainer.steps={args.steps}", "trainer.eval_every=0", "trainer.save_final=false",
+        "trainer.progress=false", "trainer.samples_every=0", "trainer.loggers=[jsonl]",
+        f"trainer.weight_sync={args.sync}", f"trainer.weight_sync_bucket_mb={args.bucket_mb}",
+        f"trainer.weight_sync_timeout_s={args.sync_timeout_s}", f"trainer.output_dir={output_dir}",
+        "trainer.run_name=gpu_smoke",
+    ])
+
+
+def main(argv: list[str] | None = None) -> dict | None:
     args = parse_args(argv)
     folder = Path(tempfile.mkdtemp(prefix="gpu_smoke_"))
     params = save_model(args.size, folder)
@@ -89,76 +123,33 @@ def main(argv: list[str] | None = None) -> None:
         state = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).state_dict()
         buckets = plan_buckets(state, args.bucket_mb << 20)
         print(f"dry run: {len(state)} tensors in {len(buckets)} NCCL buckets of <= {args.bucket_mb} MiB")
-        return
-    run(args, folder)
+        return None
+    save_dataset(folder)
+    return run(args, folder)
 
 
-def run(args: argparse.Namespace, folder: Path) -> None:
+def run(args: argparse.Namespace, folder: Path) -> dict:
     import ray
 
-    from grpo_dist.config import AlgoConfig, LearnerConfig, ModelConfig, RolloutConfig, VLLMConfig
-    from grpo_dist.config import DataConfig
-    from grpo_dist.data import build_prompts
-    from grpo_dist.learner.worker import Learner
-    from grpo_dist.net import free_port
-    from grpo_dist.rollout.worker import RolloutWorker
-    from grpo_dist.seeding import prompt_seed
-    from grpo_dist.types import SamplingSettings
+    from grpo_dist.config import resolve_weight_sync
+    from grpo_dist.trainer import Trainer
 
     gpus = torch.cuda.device_count()
-    sync = args.sync if args.sync != "auto" else ("nccl" if gpus >= 2 else "object-store")
-    if sync == "nccl" and gpus < 2:
-        raise SystemExit("--sync nccl needs two GPUs: NCCL cannot put the learner and the engine on one device")
-    share = 1.0 if gpus >= 2 else 0.5  # one GPU: learner and engine share it
-    print(f"{gpus} GPU(s); weight sync: {sync}")
-
+    output_dir = Path(args.output_dir or folder / "runs")
+    config = smoke_config(args, folder, gpus, output_dir)
+    print(f"{gpus} GPU(s); engine {args.engine}; weight sync {resolve_weight_sync(config)}; mode {args.mode}")
     ray.init(include_dashboard=False)
-    model = ModelConfig(path=str(folder), dtype="bfloat16")
-    rollout = RolloutConfig(
-        engine="vllm", num_gpus=share, group_size=args.group_size, max_new_tokens=args.max_new_tokens,
-        vllm=VLLMConfig(gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=False),
-    )
-    learner = ray.remote(Learner).options(num_gpus=share).remote(
-        model, AlgoConfig(lr=1e-5, minibatch_size=8 * args.group_size), LearnerConfig(num_gpus=share), rollout, 0)
-    worker = ray.remote(RolloutWorker).options(num_gpus=share).remote(model, rollout, 0)
-    ray.get([learner.__ray_ready__.remote(), worker.__ray_ready__.remote()])
-
-    if sync == "nccl":
-        host, port = ray.util.get_node_ip_address(), free_port()
-        ray.get([learner.join_weight_group.remote(host, port, 2, args.sync_timeout_s),
-                 worker.join_weight_group.remote(host, port, 1, 2, args.sync_timeout_s)],
-                timeout=args.sync_timeout_s)
-        plan = ray.get(learner.weight_plan.remote(args.bucket_mb << 20))
-
-    rows = [{"prompt": f"{a}+{b}="} for a in range(40) for b in range(40)]
-    prompts = build_prompts(rows, DataConfig(), build_tokenizer())
-    sampling = SamplingSettings(n=args.group_size, temperature=1.0, max_new_tokens=args.max_new_tokens)
-    print(f"{'step':>4} {'gen tok/s':>10} {'learn tok/s':>12} {'sync ms':>8} {'reward':>7}")
-    for step in range(1, args.steps + 1):
-        batch = prompts[(step - 1) * args.prompts: step * args.prompts]
-        clock = time.perf_counter()
-        groups = ray.get(worker.generate.remote(batch, sampling, [prompt_seed(0, step, i) for i in range(len(batch))]))
-        generate_s = time.perf_counter() - clock
-        for group in groups:
-            group.rewards = [digit_share(c.text) for c in group.completions]
-        metrics = ray.get(learner.train_step.remote(groups))
-
-        clock = time.perf_counter()
-        if sync == "nccl":
-            ray.get([learner.send_weights.remote(plan), worker.receive_weights.remote(plan, step, args.sync_timeout_s, False)],
-                    timeout=args.sync_timeout_s)
-        else:
-            ray.get(worker.load_weights.remote(learner.export_weights.remote(), step, False),
-                    timeout=args.sync_timeout_s)
-        sync_ms = (time.perf_counter() - clock) * 1000
-        tokens = sum(len(c.token_ids) for g in groups for c in g.completions)
-        reward = sum(r for g in groups for r in g.rewards) / (len(groups) * args.group_size)
-        print(f"{step:>4} {tokens / generate_s:>10.0f} {metrics['system/learn_tokens_per_s']:>12.0f} "
-              f"{sync_ms:>8.1f} {reward:>7.3f}", flush=True)
-
-    served, expected = ray.get([worker.checksum.remote(), learner.checksum.remote()])
-    print("engine serves the learner's weights:", served == expected)
-    ray.shutdown()
+    try:
+        summary = Trainer(config, output_dir / "gpu_smoke").run()
+    finally:
+        ray.shutdown()
+    lines = (output_dir / "gpu_smoke" / "metrics.jsonl").read_text().splitlines()
+    print(f"{'step':>4} {'gen tok/s':>10} {'learn tok/s':>12} {'sync s':>7} {'staleness':>9} {'reward':>7}")
+    for r in (r for r in map(json.loads, lines) if r["kind"] == "train"):
+        print(f"{r['step']:>4} {r['system/generate_tokens_per_s']:>10.0f} {r['system/learn_tokens_per_s']:>12.0f} "
+              f"{r['time/sync_s']:>7.3f} {r['rollout/staleness_max']:>9.0f} {r['reward/mean']:>7.3f}")
+    print(json.dumps(summary, indent=2))
+    return summary
 
 
 if __name__ == "__main__":

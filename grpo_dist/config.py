@@ -127,17 +127,43 @@ class VLLMConfig(Section):
     cpu_kv_cache_gb: float = Field(1.0, gt=0, description="KV cache size on the CPU backend, GiB")
 
 
+Strategy = Literal["pack", "spread"]
+
+
+def resources_field(actor: str) -> Any:
+    return Field(default_factory=dict, description=f"custom Ray resources each {actor} reserves, e.g. "
+                 "{engine_node: 1}: it lands only on nodes started with them (ray start --resources)")
+
+
+def node_labels_field(actor: str) -> Any:
+    return Field(default_factory=dict, description=f"node labels each {actor} requires, e.g. "
+                 "{pool: gpu}: it lands only on nodes started with them (ray start --labels)")
+
+
+def check_bundle(section: str, num_cpus: float, num_gpus: float, resources: dict[str, float], what: str) -> None:
+    """Every actor sits in a placement-group bundle, and Ray refuses a bundle that asks for nothing."""
+    if num_cpus == 0 and num_gpus == 0 and not any(resources.values()):
+        raise ValueError(f"{what} sits in a placement-group bundle: give {section}.num_cpus, {section}.num_gpus "
+                         f"or {section}.resources > 0")
+
+
 class RolloutConfig(Section):
     engine: Literal["auto", "transformers", "vllm"] = Field(
-        "auto", description="auto: vllm where it is installed, else transformers (decided when the engine is built)"
+        "auto", description="auto: vllm where it is installed and the workers have GPUs (num_gpus > 0), else "
+        "transformers (faster on the CPU: docs/async.md); decided on the worker's node"
     )
-    placement: Literal["pack", "spread"] = Field(
+    placement: Strategy = Field(
         "pack", description="placement group strategy of the workers: pack onto few nodes, or spread over nodes"
     )
     num_workers: int = Field(1, ge=1, description="rollout actors, one engine each")
     num_cpus: float = Field(0.5, ge=0, description="Ray CPUs per worker (scheduling only; see threads)")
-    num_gpus: float = Field(0.0, ge=0, description="GPUs per worker")
+    num_gpus: float = Field(0.0, ge=0, description="GPUs per worker: vllm.tensor_parallel_size of them, or a "
+                            "fraction to share a GPU with the learner")
+    resources: dict[str, float] = resources_field("rollout worker")
+    node_labels: dict[str, str] = node_labels_field("rollout worker")
     threads: int = Field(2, ge=1, description="torch threads per worker (CPU)")
+    chunk_prompts: int = Field(16, ge=1, description="prompts per engine call: each worker's share of a step is "
+                               "generated in chunks of this many, each scored as soon as it exists")
     group_size: int = Field(8, ge=2, description="G, completions per prompt")
     prompts_per_step: int = Field(32, ge=1, description="prompts per GRPO step; the batch is prompts_per_step*group_size")
     temperature: float = Field(1.0, gt=0, description="sampling temperature (the learner's logprobs use it too)")
@@ -172,8 +198,11 @@ class RolloutConfig(Section):
 
     @model_validator(mode="after")
     def _workers_reserve_resources(self) -> RolloutConfig:
-        if self.num_cpus == 0 and self.num_gpus == 0:
-            raise ValueError("rollout workers are placed in a placement group: give num_cpus or num_gpus > 0")
+        check_bundle("rollout", self.num_cpus, self.num_gpus, self.resources, "each rollout worker")
+        tensor_parallel = self.vllm.tensor_parallel_size
+        if tensor_parallel > 1 and self.num_gpus != tensor_parallel:
+            raise ValueError(f"an engine with vllm.tensor_parallel_size={tensor_parallel} needs that many GPUs in its "
+                             f"bundle (one node): set num_gpus={tensor_parallel}")
         return self
 
 
@@ -209,9 +238,17 @@ class RewardConfig(Section):
     failure_score: float = Field(0.0, description="score of a sample whose reward raised or timed out")
     timeout_s: float = Field(10.0, gt=0, description="per-sample deadline of a reward function")
     num_workers: int = Field(1, ge=1, description="reward actors")
+    placement: Strategy = Field("pack", description="placement group strategy of the reward actors")
     num_cpus: float = Field(0.25, ge=0, description="Ray CPUs per reward actor")
     num_gpus: float = Field(0.0, ge=0, description="GPUs per reward actor (a reward model runs there)")
+    resources: dict[str, float] = resources_field("reward actor")
+    node_labels: dict[str, str] = node_labels_field("reward actor")
     processes: int = Field(1, ge=1, description="scoring processes per reward actor")
+
+    @model_validator(mode="after")
+    def _actors_reserve_resources(self) -> RewardConfig:
+        check_bundle("reward", self.num_cpus, self.num_gpus, self.resources, "each reward actor")
+        return self
 
     @model_validator(mode="after")
     def _accuracy_names_a_function(self) -> RewardConfig:
@@ -285,7 +322,10 @@ class LoraConfig(Section):
 
 class LearnerConfig(Section):
     num_cpus: float = Field(1.0, ge=0, description="Ray CPUs of the learner actor (of each rank)")
-    num_gpus: float = Field(0.0, ge=0, description="GPUs of the learner actor (of each rank)")
+    num_gpus: float = Field(0.0, ge=0, description="GPUs of the learner actor (of each rank); a fraction shares a "
+                            "GPU with rollout workers")
+    resources: dict[str, float] = resources_field("learner rank")
+    node_labels: dict[str, str] = node_labels_field("learner rank")
     num_ranks: int = Field(
         1, ge=1, description="data-parallel learner ranks: Ray actors in one placement group, each taking its share "
         "of every batch (gloo on CPUs, NCCL on GPUs); rank 0 exports weights"
@@ -309,11 +349,29 @@ class LearnerConfig(Section):
     )
     gradient_checkpointing: bool = Field(False, description="recompute activations in backward: less memory, more time")
 
+    @model_validator(mode="after")
+    def _actor_reserves_resources(self) -> LearnerConfig:
+        check_bundle("learner", self.num_cpus, self.num_gpus, self.resources,
+                     f"each of the learner.num_ranks={self.num_ranks} learner ranks")
+        return self
+
 
 class TrainerConfig(Section):
     steps: int = Field(150, ge=1)
     max_wall_seconds: float | None = Field(None, gt=0, description="stop training when this much time has passed")
     seed: int = Field(0, description="data order, sampling and learner seeds derive from it")
+    mode: Literal["sync", "async"] = Field(
+        "sync", description="sync: every batch is sampled by the weights it trains (async with max_staleness 0); "
+        "async: rollouts run ahead of the learner by up to max_staleness versions"
+    )
+    max_staleness: int = Field(
+        1, ge=0, description="async: a sample is trained on at most this many policy versions after the weights "
+        "that sampled it; max_staleness+1 batches are in flight"
+    )
+    call_timeout_s: float = Field(
+        600.0, gt=0, description="bound on every wait for an actor call (generate, score, train_step, weight "
+        "load); past it the run stops with an error naming the actor and the stage"
+    )
     eval_every: int = Field(10, ge=0, description="evaluate every N steps (0: before and after only)")
     output_dir: str = Field("runs", description="run directories are created here")
     run_name: str | None = Field(None, description="the run directory's name; null: the start time")
@@ -405,9 +463,6 @@ class Config(Section):
         if algo.overlong_buffer is not None and "length_penalty" in [f.name for f in self.reward.functions]:
             raise ValueError("algo.overlong_buffer adds the length_penalty reward, which reward.functions already "
                              "has: drop one of them")
-        if learner.num_ranks > 1 and learner.num_cpus == 0 and learner.num_gpus == 0:
-            raise ValueError("learner.num_ranks > 1 places each rank in a bundle: give learner.num_cpus or "
-                             "learner.num_gpus > 0")
         if learner.num_ranks > 1 and learner.num_gpus != int(learner.num_gpus):
             raise ValueError(f"learner.num_ranks > 1 with learner.num_gpus={learner.num_gpus}: the ranks' NCCL "
                              "group needs a whole GPU per rank")

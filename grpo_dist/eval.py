@@ -61,24 +61,28 @@ def is_correct(value: float) -> bool:
     return value >= 1.0
 
 
-def generate(rollouts: list[Any], prompts: list[Prompt], sampling: SamplingSettings, seed: int) -> list[Group]:
-    """One group per prompt, the prompts split over the rollout workers in contiguous chunks."""
-    import ray
+def generate(rollouts: list[Any], prompts: list[Prompt], sampling: SamplingSettings, seed: int,
+             timeout_s: float) -> list[Group]:
+    """One group per prompt, the prompts split over the rollout workers in contiguous chunks;
+    waiting longer than `timeout_s` raises pipeline.CallTimeout."""
+    from grpo_dist.pipeline import fetch  # imports ray
 
     seeds = [prompt_seed(seed, EVAL_STEP, prompt.index) for prompt in prompts]
     size = math.ceil(len(prompts) / len(rollouts))
     futures = [worker.generate.remote(prompts[i : i + size], sampling, seeds[i : i + size])
                for worker, i in zip(rollouts, range(0, len(prompts), size))]
-    return [group for chunk in ray.get(futures) for group in chunk]
+    names = [f"rollout worker {index}: generate (evaluation)" for index in range(len(futures))]
+    return [group for chunk in fetch(futures, names, timeout_s) for group in chunk]
 
 
-def score(rewards: list[Any], groups: list[Group]) -> list[Group]:
+def score(rewards: list[Any], groups: list[Group], timeout_s: float) -> list[Group]:
     """The groups with their rewards filled in by the reward workers (split like `generate`)."""
-    import ray
+    from grpo_dist.pipeline import fetch  # imports ray
 
     size = math.ceil(len(groups) / len(rewards))
     futures = [worker.score.remote(groups[i : i + size]) for worker, i in zip(rewards, range(0, len(groups), size))]
-    return [group for scored, _ in ray.get(futures) for group in scored]
+    names = [f"reward actor {index}: score (evaluation)" for index in range(len(futures))]
+    return [group for scored, _ in fetch(futures, names, timeout_s) for group in scored]
 
 
 def evaluate(rollouts: list[Any], rewards: list[Any], prompts: list[Prompt], config: Config,
@@ -92,7 +96,8 @@ def evaluate(rollouts: list[Any], rewards: list[Any], prompts: list[Prompt], con
     clock = time.perf_counter()
     accuracy_from, seed = config.reward.accuracy_from, config.trainer.seed
     greedy = sampling_settings(config.rollout, greedy=True)
-    groups = score(rewards, generate(rollouts, prompts, greedy, seed))
+    timeout_s = config.trainer.call_timeout_s
+    groups = score(rewards, generate(rollouts, prompts, greedy, seed, timeout_s), timeout_s)
     accuracy = sum(is_correct(g.reward_parts[accuracy_from][0]) for g in groups) / len(groups)
     metrics = {
         "eval/accuracy": accuracy,
@@ -105,7 +110,7 @@ def evaluate(rollouts: list[Any], rewards: list[Any], prompts: list[Prompt], con
         sampling = replace(sampling_settings(config.rollout), n=n,
                            temperature=config.rollout.temperature if temperature is None else temperature)
         correct = [sum(map(is_correct, g.reward_parts[accuracy_from]))
-                   for g in score(rewards, generate(rollouts, prompts, sampling, seed))]
+                   for g in score(rewards, generate(rollouts, prompts, sampling, seed, timeout_s), timeout_s)]
         for k in sorted(ks):
             metrics[f"eval/pass@{k}"] = sum(pass_at_k(n, c, k) for c in correct) / len(correct)
     metrics["time/eval_s"] = time.perf_counter() - clock

@@ -162,7 +162,8 @@ def require_ray(address: str, source: str) -> str:
 
 
 def connect_ray(config: Config) -> None:
-    """Join the chosen cluster, or start a local one that listens on 127.0.0.1 only.
+    """Join the chosen cluster, or start a local one that listens on 127.0.0.1 only, with the
+    dashboard when its packages are installed (its URL is printed).
 
     Ray takes the interface address as the node IP on Linux, also for `_node_ip_address=
     "127.0.0.1"`; RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 makes it use the loopback address, as it
@@ -176,8 +177,10 @@ def connect_ray(config: Config) -> None:
     import ray
 
     common = {"namespace": config.cluster.namespace, "log_to_driver": True}
-    if join is None:
-        ray.init(address="local", num_cpus=config.cluster.num_cpus, include_dashboard=False, **common)
+    if join is None:  # the dashboard (and the Jobs API) starts where ray[default] is installed
+        context = ray.init(address="local", num_cpus=config.cluster.num_cpus, dashboard_host="127.0.0.1", **common)
+        if context.dashboard_url:
+            print(f"Ray dashboard: http://{context.dashboard_url}", file=sys.stderr)
     else:
         ray.init(address=join, **common)
         print(f"joined the Ray cluster at {join}", file=sys.stderr)

@@ -58,14 +58,6 @@ def peak_memory_mb() -> float:
     return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
 
 
-def engine_memory(rollouts: list[Any]) -> dict[str, float]:
-    """`system/engine_peak_memory_mb`: the largest peak over the rollout workers (Ray actors)."""
-    import ray
-
-    stats = ray.get([worker.memory_stats.remote() for worker in rollouts])
-    return {"system/engine_peak_memory_mb": max(s["peak_memory_mb"] for s in stats)}
-
-
 def sample_records(groups: list[Group], step: int, scale: grpo.AdvantageScale) -> list[dict[str, Any]]:
     """One record per group: the prompt, its row, and every completion with its reward and
     advantage (grpo.group_advantages over the group's rewards, as the learner computes them)."""

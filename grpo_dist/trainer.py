@@ -1,16 +1,28 @@
-"""The controller: the synchronous GRPO loop, run in the driver process.
+"""The controller: GRPO with rollouts running up to `max_staleness` policy versions ahead.
 
     prompts -> RolloutWorker x N -> RewardWorker x M -> Learner -> weights -> RolloutWorker x N
 
-It owns the loop and nothing heavy: actors do the generation, scoring and training.
+One loop serves both modes; sync mode is async mode with max_staleness 0. Step t:
+
+    collect batch t (pipeline.py)          wait for its chunks' small stats; the groups stay put
+    learner.train_step(*refs of batch t)   submitted; Ray resolves the references in the learner
+    push weights version t                 queued on every actor behind what it is doing
+    submit batch t + k + 1                 queued behind that push, so sampled by version t
+    wait for step t's learner metrics      (the engines keep generating batch t + 1 .. t + k)
+
+so batch t is sampled by version t - k - 1 (0 for the first k + 1 batches) and trained on by
+version t - 1: never more than k versions old. The driver holds references and metrics; the
+actors do the generation, scoring and training.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import ray
 from ray.util.placement_group import PlacementGroup, remove_placement_group
@@ -19,28 +31,15 @@ from grpo_dist.config import Config, dump_config, effective_reward
 from grpo_dist.data import PreparedData, PromptCursor, prepare_data
 from grpo_dist.eval import evaluate, standard_error
 from grpo_dist.learner.group import start_learner
-from grpo_dist.metrics import MetricsLog, engine_memory, write_json_atomic
-from grpo_dist.placement import in_bundle, rollout_placement_group
+from grpo_dist.metrics import MetricsLog, write_json_atomic
+from grpo_dist.pipeline import BY_REFERENCE, Batch, RolloutPipeline, fetch
+from grpo_dist.placement import create_placement_group, roles, unplaced
 from grpo_dist.report import write_report
 from grpo_dist.reward.worker import RewardWorker
-from grpo_dist.rollout.worker import RolloutWorker
 from grpo_dist.rollout.sampling import sampling_settings
-from grpo_dist.seeding import prompt_seed
+from grpo_dist.rollout.worker import RolloutWorker
 from grpo_dist.types import Group, Prompt, SamplingSettings
 from grpo_dist.weights import WeightSync, WeightSyncError, make_weight_sync
-
-T = TypeVar("T")
-
-
-def split(items: list[T], parts: int) -> list[list[T]]:
-    """Contiguous, nearly equal chunks (some may be empty when items < parts)."""
-    size, extra = divmod(len(items), parts)
-    chunks, start = [], 0
-    for index in range(parts):
-        end = start + size + (index < extra)
-        chunks.append(items[start:end])
-        start = end
-    return chunks
 
 
 @dataclass
@@ -48,30 +47,29 @@ class Actors:
     rollouts: list[Any]
     rewards: list[Any]
     learner: Any
-    placement: PlacementGroup
+    placements: dict[str, PlacementGroup]
 
     @classmethod
     def start(cls, config: Config) -> Actors:
-        """Create every actor with the resources its config section asks for.
-
-        Rollout workers go into one placement group, a bundle each (rollout.placement).
-        """
+        """Create every actor in a bundle of its role's placement group (placement.py)."""
         seed = config.trainer.seed
-        placement = rollout_placement_group(config.rollout)
-        rollout_cls = ray.remote(RolloutWorker)
-        reward_cls = ray.remote(RewardWorker).options(num_cpus=config.reward.num_cpus, num_gpus=config.reward.num_gpus)
+        placed = {role.name: (role, create_placement_group(role)) for role in roles(config)}
+
+        def options(name: str, index: int) -> dict:
+            role, group = placed[name]
+            by_reference = {"runtime_env": BY_REFERENCE} if name in ("rollout", "reward") else {}
+            return {**role.actor_options(group, index), **by_reference}
+
+        rollout_cls, reward_cls = ray.remote(RolloutWorker), ray.remote(RewardWorker)
+        reward = effective_reward(config)
         actors = cls(
-            rollouts=[
-                rollout_cls.options(
-                    num_cpus=config.rollout.num_cpus,
-                    num_gpus=config.rollout.num_gpus,
-                    scheduling_strategy=in_bundle(placement, index),
-                ).remote(config.model, config.rollout, seed * 1000 + index)
-                for index in range(config.rollout.num_workers)
-            ],
-            rewards=[reward_cls.remote(effective_reward(config)) for _ in range(config.reward.num_workers)],
-            learner=start_learner(config),
-            placement=placement,
+            rollouts=[rollout_cls.options(**options("rollout", index)).remote(config.model, config.rollout,
+                                                                               seed * 1000 + index)
+                      for index in range(config.rollout.num_workers)],
+            rewards=[reward_cls.options(**options("reward", index)).remote(reward)
+                     for index in range(config.reward.num_workers)],
+            learner=start_learner(config, placement=placed["learner"][1]),  # rank i in bundle i
+            placements={name: group for name, (_, group) in placed.items()},
         )
         actors.wait_ready(config.cluster.actor_start_timeout_s)
         return actors
@@ -82,11 +80,13 @@ class Actors:
         ready, pending = ray.wait([a.__ray_ready__.remote() for a in every], num_returns=len(every), timeout=timeout_s)
         ray.get(ready)  # re-raises a constructor's exception
         if pending:
+            waiting = unplaced(self.placements)
             self.stop()
             raise TimeoutError(
-                f"{len(pending)} of {len(every)} actors not ready after {timeout_s:.0f} s; the cluster has "
-                f"{ray.available_resources()} available of {ray.cluster_resources()}: lower the num_cpus/num_gpus "
-                "of rollout, reward and learner, or add nodes"
+                f"{len(pending)} of {len(every)} actors not ready after {timeout_s:.0f} s; placement groups not "
+                f"placed: {', '.join(waiting) or 'none'}; the cluster has {ray.available_resources()} available "
+                f"of {ray.cluster_resources()}: lower the num_cpus/num_gpus/resources of rollout, reward and "
+                "learner, drop node_labels no node carries, or add nodes"
             )
 
     def stop(self) -> None:
@@ -94,7 +94,8 @@ class Actors:
         ray.wait([reward.close.remote() for reward in self.rewards], num_returns=len(self.rewards), timeout=10)
         for actor in [*self.rollouts, *self.rewards, self.learner]:
             ray.kill(actor)
-        remove_placement_group(self.placement)
+        for group in self.placements.values():
+            remove_placement_group(group)
 
 
 class Trainer:
@@ -108,19 +109,31 @@ class Trainer:
         self.train_prompts, self.eval_prompts = data.train, data.eval
         self.cursor = PromptCursor(self.train_prompts, config.trainer.seed)
         self.sampling = sampling_settings(config.rollout)
+        trainer = config.trainer
+        self.max_staleness = trainer.max_staleness if trainer.mode == "async" else 0
         self.actors: Actors | None = None
         self.sync: WeightSync | None = None
-        self.version = 0
+        self.pipeline: RolloutPipeline | None = None
+        self.version = 0  # the learner's policy version
+        self.in_flight: deque[Batch] = deque()  # submitted batches not yet handed to the learner
+        self.submitted = 0  # the last step whose batch was submitted
+        self.unverified: deque[tuple[int, list[ray.ObjectRef], ray.ObjectRef]] = deque()
+        self.last_groups: list[ray.ObjectRef] = []  # the latest batch, by reference (for sample logs)
+        self.step_clock: float | None = None  # when the current step began (the previous one ended)
 
-    def start(self) -> None:
-        """Start the actors and the weight transport (`trainer.weight_sync`)."""
+    def start(self, weight_sync: Callable[[Config, Any, list[Any]], WeightSync] = make_weight_sync) -> None:
+        """Start the actors, the weight transport (`trainer.weight_sync`, built by `weight_sync`)
+        and the pipeline."""
         self.actors = Actors.start(self.config)
         try:
-            self.sync = make_weight_sync(self.config, self.actors.learner, self.actors.rollouts)
+            self.sync = weight_sync(self.config, self.actors.learner, self.actors.rollouts)
             self.sync.setup()
         except BaseException:
             self.stop()
             raise
+        self.pipeline = RolloutPipeline(self.actors.rollouts, self.actors.rewards, seed=self.config.trainer.seed,
+                                        chunk_prompts=self.config.rollout.chunk_prompts,
+                                        max_staleness=self.max_staleness, timeout_s=self.config.trainer.call_timeout_s)
 
     def stop(self) -> None:
         if self.sync is not None:
@@ -135,13 +148,14 @@ class Trainer:
         log = MetricsLog(self.run_dir, self.config, started)
         self.start()
         try:
-            engines = sorted({d["engine"] for d in ray.get([w.describe.remote() for w in self.actors.rollouts])})
+            engines = sorted({d["engine"] for d in self.call([w.describe.remote() for w in self.actors.rollouts],
+                                                             "rollout workers: describe")})
             self.verify_weights()
             before = self.evaluate(step=0, log=log)
             steps = self.train(log, started)
             after = self.evaluate(step=steps, log=log)
             if self.config.trainer.save_final:
-                ray.get(self.actors.learner.save.remote(str(self.run_dir / "final")))
+                self.call([self.actors.learner.save.remote(str(self.run_dir / "final"))], "learner: save")
         finally:
             log.close()
             self.stop()
@@ -152,6 +166,8 @@ class Trainer:
             "eval_rows": len(self.eval_prompts),
             "eval_accuracy_stderr_after": standard_error(after, len(self.eval_prompts)) if self.eval_prompts else None,
             "steps": steps,
+            "mode": self.config.trainer.mode,
+            "max_staleness": self.max_staleness,
             "rollout_engine": ",".join(engines),
             "wall_seconds": round(time.time() - started, 1),
             "run_dir": str(self.run_dir),
@@ -165,94 +181,116 @@ class Trainer:
         for step in range(1, trainer.steps + 1):
             log.log(step, self.step(step))
             if log.wants_samples(step):
-                log.log_samples(step, self.last_groups)
+                log.log_samples(step, self.sample_groups(trainer.samples_per_log))
             if trainer.eval_every and step % trainer.eval_every == 0 and step < trainer.steps:
                 self.evaluate(step, log)
+                self.step_clock = time.perf_counter()  # a step's time leaves the evaluation out
             if trainer.max_wall_seconds and time.time() - started > trainer.max_wall_seconds:
                 log.note(f"stopping after {step} steps: max_wall_seconds={trainer.max_wall_seconds} reached")
                 break
+        self.discard_in_flight()
+        self.verify_pushed(self.version)
         return step
 
     def step(self, step: int) -> dict[str, float]:
-        """One synchronous GRPO step; returns its metrics."""
-        assert self.actors is not None
-        timings: dict[str, float] = {}
-        clock = time.perf_counter()
-        prompts = self.cursor.next_batch(self.config.rollout.prompts_per_step)
-        groups = self.generate(prompts, self.sampling, step)
-        timings["time/generate_s"] = time.perf_counter() - clock
-
-        clock = time.perf_counter()
-        groups, reward_stats = self.score(groups)
-        timings["time/reward_s"] = time.perf_counter() - clock
-        self.last_groups = groups  # for the samples log
-
-        clock = time.perf_counter()
-        learner_metrics = ray.get(self.actors.learner.train_step.remote(groups))
-        timings["time/learn_s"] = time.perf_counter() - clock
-
-        clock = time.perf_counter()
+        """One GRPO step: hand batch `step` to the learner, push the new weights, submit the
+        batch `max_staleness + 1` steps ahead; returns the step's metrics."""
+        assert self.pipeline is not None and self.actors is not None
+        self.step_clock = self.step_clock or time.perf_counter()
+        self.fill(step + self.max_staleness)  # (only the first step has anything to fill here)
+        batch = self.in_flight.popleft()
+        collected = self.pipeline.collect(batch, self.version)
+        self.verify_pushed(max(collected.versions))  # the weights that sampled it had arrived
+        depth = self.pipeline.buffer_depth([batch, *self.in_flight], self.config.rollout.prompts_per_step)
+        self.last_groups = collected.groups
+        result = self.actors.learner.train_step.remote(*collected.groups)
         self.version += 1
-        self.broadcast_weights()
-        timings["time/sync_s"] = time.perf_counter() - clock
-        timings["time/step_s"] = sum(timings.values())
-        metrics = {**self.rollout_metrics(groups, timings["time/generate_s"]), **reward_stats, **learner_metrics}
-        return {**metrics, **timings, **engine_memory(self.actors.rollouts)}
+        self.push_weights()
+        self.fill(step + self.max_staleness + 1)
+        [learner_metrics] = self.call([result], f"learner: train_step of step {step}")
+        now = time.perf_counter()
+        step_s, self.step_clock = now - self.step_clock, now
+        workers = len(self.actors.rollouts)
+        return {
+            **collected.metrics,
+            **learner_metrics,
+            "rollout/buffer_depth": depth,
+            "time/step_s": step_s,
+            "time/rollout_idle_fraction": max(0.0, 1.0 - collected.generate_busy_s / (workers * step_s)),
+            "time/learner_idle_fraction": max(0.0, 1.0 - learner_metrics["time/learn_s"] / step_s),
+        }
 
-    def generate(self, prompts: list[Prompt], sampling: SamplingSettings, step: int) -> list[Group]:
-        """Split `prompts` over the rollout workers; prompt i of step `step` samples with its own seed."""
-        seeds = [prompt_seed(self.config.trainer.seed, step, position) for position in range(len(prompts))]
-        workers = self.actors.rollouts
-        chunks = zip(workers, split(prompts, len(workers)), split(seeds, len(workers)))
-        futures = [worker.generate.remote(p, sampling, s) for worker, p, s in chunks if p]
-        return [group for chunk in ray.get(futures) for group in chunk]
+    def fill(self, last_step: int) -> None:
+        """Submit the batches of steps up to `last_step` (and `trainer.steps`) not yet submitted."""
+        while self.submitted < min(last_step, self.config.trainer.steps):
+            self.submitted += 1
+            prompts = self.cursor.next_batch(self.config.rollout.prompts_per_step)
+            self.in_flight.append(self.pipeline.submit(self.submitted, prompts, self.sampling))
 
-    def score(self, groups: list[Group]) -> tuple[list[Group], dict[str, float]]:
-        chunks = [c for c in split(groups, len(self.actors.rewards)) if c]
-        results = ray.get([worker.score.remote(c) for worker, c in zip(self.actors.rewards, chunks)])
-        scored = [group for chunk, _ in results for group in chunk]
-        stats: dict[str, float] = {}
-        for _, chunk_stats in results:
-            for key, value in chunk_stats.items():
-                stats[key] = stats.get(key, 0.0) + value
-        return scored, stats
+    def discard_in_flight(self) -> None:
+        """Cancel batches submitted for steps that will not run (an early stop)."""
+        for batch in self.in_flight:
+            for chunk in batch.chunks:
+                ray.cancel(chunk.info)
+        self.in_flight.clear()
+
+    def rollout(self, prompts: list[Prompt], sampling: SamplingSettings, step: int) -> list[Group]:
+        """Generate and score `prompts` now and fetch the groups into the driver (tests, tools)."""
+        collected = self.pipeline.collect(self.pipeline.submit(step, prompts, sampling), self.version)
+        return [group for chunk in self.call(collected.groups, "reward actors: scored groups") for group in chunk]
+
+    def push_weights(self) -> list[ray.ObjectRef]:
+        """Send the learner's weights as `self.version` to every engine, without waiting: each
+        takes them after the calls queued before (weights.py: the strategies)."""
+        served = self.sync.submit(self.version)
+        if self.config.trainer.verify_weight_sync:
+            self.unverified.append((self.version, served, self.actors.learner.checksum.remote()))
+        return served
+
+    def verify_pushed(self, version: int) -> None:
+        """Check the served checksums of every push up to `version`."""
+        while self.unverified and self.unverified[0][0] <= version:
+            pushed, served, expected = self.unverified.popleft()
+            names = [f"rollout worker {index}: load weights version {pushed}" for index in range(len(served))]
+            self.compare(self.call(served, names), self.call([expected], "learner: checksum")[0], pushed)
 
     def broadcast_weights(self) -> None:
-        """Send the learner's weights to every rollout worker (weights/: the strategies)."""
-        served = self.sync.push(self.version)
+        """Push the current version to every worker and wait until each serves it."""
+        served = self.push_weights()
         if self.config.trainer.verify_weight_sync:
-            self.check_checksums(served)
+            self.verify_pushed(self.version)
+        else:
+            self.call(served, "rollout workers: load weights")
 
     def verify_weights(self) -> None:
-        self.check_checksums(ray.get([w.checksum.remote() for w in self.actors.rollouts]))
+        served = self.call([w.checksum.remote() for w in self.actors.rollouts], "rollout workers: checksum")
+        self.compare(served, self.call([self.actors.learner.checksum.remote()], "learner: checksum")[0], self.version)
 
-    def check_checksums(self, served: list[str | None]) -> None:
-        expected = ray.get(self.actors.learner.checksum.remote())
+    @staticmethod
+    def compare(served: list[str | None], expected: str, version: int) -> None:
         stale = [index for index, checksum in enumerate(served) if checksum != expected]
         if stale:
-            raise WeightSyncError(f"rollout workers {stale} do not serve the learner's weights (version {self.version})")
+            raise WeightSyncError(f"rollout workers {stale} do not serve the learner's weights (version {version})")
 
-    def rollout_metrics(self, groups: list[Group], generate_s: float) -> dict[str, float]:
-        completions = [c for g in groups for c in g.completions]
-        rewards = [r for g in groups for r in g.rewards]
-        accuracy_values = [v for g in groups for v in g.reward_parts[self.config.reward.accuracy_from]]
-        tokens = sum(len(c.token_ids) for c in completions)
-        mean = sum(rewards) / len(rewards)
-        metrics = {
-            "reward/mean": mean,
-            "reward/std": (sum((r - mean) ** 2 for r in rewards) / len(rewards)) ** 0.5,
-            "reward/accuracy": sum(v >= 1.0 for v in accuracy_values) / len(accuracy_values),
-            "rollout/completion_length": tokens / len(completions),
-            "rollout/truncated_fraction": sum(c.finish_reason == "length" for c in completions) / len(completions),
-            "system/generate_tokens_per_s": tokens / max(generate_s, 1e-9),
-        }
-        for name in groups[0].reward_parts:
-            values = [v for g in groups for v in g.reward_parts[name]]
-            metrics[f"reward/{name}/mean"] = sum(values) / len(values)
-        return metrics
+    def call(self, refs: list[ray.ObjectRef], names: str | list[str]) -> list[Any]:
+        """Wait for actor calls, at most trainer.call_timeout_s (pipeline.fetch)."""
+        names = [names] * len(refs) if isinstance(names, str) else names
+        return fetch(refs, names, self.config.trainer.call_timeout_s)
+
+    def sample_groups(self, count: int) -> list[Group]:
+        """The first `count` groups of the latest batch, fetched into the driver (the samples log)."""
+        groups: list[Group] = []
+        for ref in self.last_groups:
+            if len(groups) >= count:
+                break
+            groups += self.call([ref], "reward actor: scored groups")[0]
+        return groups
 
     def evaluate(self, step: int, log: MetricsLog) -> float:
-        """Greedy accuracy on the held-out rows (eval.evaluate, as `python -m grpo_dist.eval` runs it)."""
+        """Greedy accuracy on the held-out rows (eval.evaluate, as `python -m grpo_dist.eval` runs it).
+
+        Its engine calls queue behind the latest weight push, so it measures version `self.version`.
+        """
         if not self.eval_prompts:
             return float("nan")
         metrics = evaluate(self.actors.rollouts, self.actors.rewards, self.eval_prompts, self.config)

@@ -85,16 +85,22 @@ def test_cli_print_config_shows_overrides():
     assert yaml.safe_load(result.stdout)["algo"]["beta"] == 0.02
 
 
-@pytest.mark.parametrize("installed,resolved", [(True, "vllm"), (False, "transformers")])
-def test_engine_auto_is_vllm_where_installed_and_explicit_vllm_needs_it(monkeypatch, installed, resolved):
+@pytest.mark.parametrize("installed,gpu,resolved", [(True, True, "vllm"), (True, False, "transformers"),
+                                                    (False, True, "transformers"), (False, False, "transformers")])
+def test_engine_auto_is_vllm_on_gpus_where_installed_and_explicit_vllm_needs_it(monkeypatch, installed, gpu,
+                                                                                resolved):
+    import torch
+
     import grpo_dist.config
     import grpo_dist.rollout.worker
 
     monkeypatch.setattr(grpo_dist.config, "vllm_installed", lambda: installed)
     monkeypatch.setattr(grpo_dist.rollout.worker, "vllm_installed", lambda: installed)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
     assert Config().rollout.engine == "auto"
-    assert grpo_dist.rollout.worker.resolve_engine("auto") == resolved
-    assert grpo_dist.rollout.worker.resolve_engine("transformers") == "transformers"
+    assert grpo_dist.rollout.worker.resolve_engine("auto", num_gpus=1.0) == resolved
+    assert grpo_dist.rollout.worker.resolve_engine("auto", num_gpus=0.0) == "transformers"  # no GPU asked for
+    assert grpo_dist.rollout.worker.resolve_engine("transformers", num_gpus=1.0) == "transformers"
     if installed:
         assert load_config(None, ["rollout.engine=vllm"]).rollout.engine == "vllm"
     else:
@@ -109,6 +115,23 @@ def test_vllm_settings_and_tis_cap_are_validated():
                             ("algo.tis_cap=0", "algo.tis_cap"), ("rollout.placement=strict", "rollout.placement")]:
         with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
             load_config(None, [override])
+
+
+def test_pipeline_and_placement_settings_are_validated():
+    config = load_config(None, ["trainer.mode=async", "trainer.max_staleness=2", "rollout.chunk_prompts=4",
+                                "reward.resources={sandbox: 1}", "learner.node_labels={pool: gpu}"])
+    assert (config.trainer.mode, config.trainer.max_staleness, config.rollout.chunk_prompts) == ("async", 2, 4)
+    assert Config().trainer.mode == "sync" and Config().trainer.max_staleness == 1
+    for override, field in [("trainer.mode=eager", "trainer.mode"), ("trainer.max_staleness=-1", "trainer.max_staleness"),
+                            ("trainer.call_timeout_s=0", "trainer.call_timeout_s"),
+                            ("rollout.chunk_prompts=0", "rollout.chunk_prompts"),
+                            ("reward.resources={sandbox: x}", "reward.resources")]:
+        with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+            load_config(None, [override])
+    with pytest.raises(ConfigError, match=r"each reward actor sits in a placement-group bundle: give reward\.num_cpus"):
+        load_config(None, ["reward.num_cpus=0"])
+    with pytest.raises(ConfigError, match="tensor_parallel_size=2 needs that many GPUs"):
+        load_config(None, ["rollout.vllm.tensor_parallel_size=2", "rollout.num_gpus=1"])
 
 
 def test_recipes_compose_in_order_then_overrides(tmp_path):

@@ -1,4 +1,5 @@
-"""deploy/gpu_smoke.py as far as a CPU allows: arguments, the Qwen2 model and tokenizer it builds.
+"""deploy/gpu_smoke.py as far as a CPU allows: arguments, the Qwen2 model and tokenizer it builds,
+and the real Trainer it drives (on the CPU, tiny model, transformers engine).
 
 The GPU run itself (vLLM on CUDA, NCCL sync) is not exercised here.
 """
@@ -47,3 +48,13 @@ def test_the_built_model_and_tokenizer_run_in_vllm(smoke, tmp_path):
     assert all(tokenizer.decode(c.token_ids, skip_special_tokens=True) == c.text for c in group)
     del engine
     gc.collect()  # tear vLLM's process-wide state down now, not under a later test's engine
+
+
+@pytest.mark.slow
+def test_the_smoke_run_drives_the_trainer_on_the_cpu(smoke, tmp_path, capsys):
+    summary = smoke.main(["--size", "tiny", "--engine", "transformers", "--mode", "async", "--steps", "2",
+                          "--prompts", "8", "--group-size", "4", "--max-new-tokens", "8",
+                          "--output-dir", str(tmp_path)])
+    assert summary["steps"] == 2 and summary["mode"] == "async" and summary["rollout_engine"] == "transformers"
+    out = capsys.readouterr().out
+    assert "0 GPU(s); engine transformers; weight sync object_store; mode async" in out and "gen tok/s" in out

@@ -29,7 +29,7 @@ def trainer(request, ray_cluster, tmp_path_factory):
 def test_workers_run_the_configured_engine_in_one_placement_group(trainer):
     described = ray.get([w.describe.remote() for w in trainer.actors.rollouts])
     assert [d["engine"] for d in described] == [trainer.config.rollout.engine] * 2
-    assert {d["placement_group"] for d in described} == {trainer.actors.placement.id.hex()}
+    assert {d["placement_group"] for d in described} == {trainer.actors.placements["rollout"].id.hex()}
 
 
 def test_workers_start_with_the_learners_weights(trainer):
@@ -38,8 +38,8 @@ def test_workers_start_with_the_learners_weights(trainer):
 
 def test_groups_are_scored_by_the_reward_function(trainer):
     prompts = trainer.cursor.next_batch(4)
-    groups, stats = trainer.score(trainer.generate(prompts, trainer.sampling, step=1))
-    assert len(groups) == 4 and stats["reward/exact_answer/failures"] == 0
+    groups = trainer.rollout(prompts, trainer.sampling, step=1)
+    assert len(groups) == 4 and [g.prompt_index for g in groups] == [p.index for p in prompts]
     for group in groups:
         assert len(group.completions) == GROUP and len(group.rewards) == GROUP
         for completion, reward in zip(group.completions, group.rewards):
@@ -50,7 +50,7 @@ def test_groups_are_scored_by_the_reward_function(trainer):
 
 def sample_fixed(trainer, prompts):
     """The same prompts with the same seeds: differences come from the weights alone."""
-    return trainer.generate(prompts, SamplingSettings(n=GROUP, max_new_tokens=8), step=1234)
+    return trainer.rollout(prompts, SamplingSettings(n=GROUP, max_new_tokens=8), step=1234)
 
 
 def test_steps_change_the_weights_and_every_worker_follows(trainer):
@@ -77,7 +77,7 @@ def test_steps_change_the_weights_and_every_worker_follows(trainer):
 
 def test_sampler_and_learner_logprobs_agree_after_the_update(trainer):
     prompts = trainer.cursor.next_batch(8)
-    groups = trainer.generate(prompts, trainer.sampling, step=3)
+    groups = trainer.rollout(prompts, trainer.sampling, step=3)
     assert {g.policy_version for g in groups} == {trainer.version}
     learner_logprobs = ray.get(trainer.actors.learner.logprobs.remote(groups))
     diffs = [

@@ -55,8 +55,9 @@ def test_system_metrics_are_logged_each_step(run_dir):
     for record in records(run_dir, "train"):
         assert record["system/engine_peak_memory_mb"] > 100  # a Python process with torch and a model
         assert record["system/generate_tokens_per_s"] > 0
-        stages = sum(record[f"time/{stage}_s"] for stage in ("generate", "reward", "learn", "sync"))
-        assert record["time/step_s"] == pytest.approx(stages)
+        # step_s is the wall time between two steps' ends; the stages may overlap (async mode)
+        assert record["time/step_s"] > record["time/learn_s"] > 0
+        assert 0 <= record["time/rollout_idle_fraction"] < 1 and 0 <= record["time/learner_idle_fraction"] < 1
 
 
 def test_samples_carry_completions_rewards_and_the_learners_advantages(run_dir):

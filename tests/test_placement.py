@@ -1,23 +1,36 @@
-"""Rollout placement groups on a local two-node Ray cluster: pack shares a node, spread does not."""
+"""Placement of every actor kind on a simulated two-node Ray cluster (ray.cluster_utils.Cluster).
 
+The "engines" node offers a custom resource and a label that the rollout workers ask for;
+the "trainer" node offers others that the learner and the reward actors ask for; it also
+has one (simulated) GPU, which a learner and an engine asking for half a GPU each share.
+"""
+
+import json
 import time
 
 import pytest
 import ray
 from ray.cluster_utils import Cluster
-from ray.util.placement_group import remove_placement_group
+from ray.util.placement_group import placement_group_table, remove_placement_group
 
 from grpo_dist.config import load_config
-from grpo_dist.placement import in_bundle, rollout_placement_group
+from grpo_dist.metrics import MetricsLog
+from grpo_dist.placement import Role, create_placement_group, in_bundle, roles
+from grpo_dist.trainer import Actors, Trainer
+
+ENGINES = {"num_cpus": 2, "resources": {"engine_node": 4}, "labels": {"pool": "engines"}}
+TRAINER = {"num_cpus": 2, "num_gpus": 1, "resources": {"trainer_node": 4}, "labels": {"pool": "trainer"}}
+PINNED = ["rollout.resources={engine_node: 1}", "reward.node_labels={pool: trainer}",
+          "learner.resources={trainer_node: 1}"]
 
 
 @pytest.fixture(scope="module")
 def two_nodes():
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    cluster.add_node(num_cpus=1)
+    cluster = Cluster(initialize_head=True, head_node_args=ENGINES)
+    trainer_node = cluster.add_node(**TRAINER)
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, namespace="grpo_dist_tests")
-    yield
+    yield {"engines": cluster.head_node.node_id, "trainer": trainer_node.node_id}
     ray.shutdown()
     cluster.shutdown()
 
@@ -28,18 +41,88 @@ class Probe:
         return ray.get_runtime_context().get_node_id()
 
 
-@pytest.mark.parametrize("placement,nodes", [("pack", 1), ("spread", 2)])
-def test_rollout_bundles_follow_the_placement_strategy(two_nodes, placement, nodes):
-    rollout = load_config(None, ["rollout.num_workers=2", "rollout.num_cpus=0.5",
-                                 f"rollout.placement={placement}"]).rollout
-    group = rollout_placement_group(rollout)
+def test_roles_come_from_the_config_sections():
+    config = load_config(None, ["rollout.num_workers=3", "rollout.placement=spread", "rollout.num_gpus=0.5",
+                                "reward.num_workers=2", "reward.num_cpus=0", "reward.resources={sandbox: 1}",
+                                "learner.node_labels={pool: gpu}"])
+    rollout, reward, learner = roles(config)
+    assert (rollout.count, rollout.strategy, rollout.bundle()) == (3, "spread", {"CPU": 0.5, "GPU": 0.5})
+    assert (reward.count, reward.bundle()) == (2, {"sandbox": 1})  # zero amounts are left out
+    assert (learner.count, learner.bundle(), learner.labels) == (1, {"CPU": 1.0}, {"pool": "gpu"})
+
+
+@pytest.mark.parametrize("strategy,nodes", [("pack", 1), ("spread", 2)])
+def test_bundles_follow_the_placement_strategy(two_nodes, strategy, nodes):
+    group = create_placement_group(Role("probe", 2, 0.5, 0.0, strategy=strategy))
     assert group.wait(60), "both bundles fit on the cluster"
     probes = [Probe.options(scheduling_strategy=in_bundle(group, i)).remote() for i in range(2)]
     assert len(set(ray.get([p.node.remote() for p in probes]))) == nodes
     for probe in probes:
         ray.kill(probe)
     remove_placement_group(group)
-    wait_for_free_cpus(2.0)  # else the next group sees one node taken
+    wait_for_free_cpus(4.0)  # else the next group sees one node taken
+
+
+def test_labels_pin_a_role_to_the_nodes_that_carry_them(two_nodes):
+    group = create_placement_group(Role("probe", 2, 0.5, 0.0, labels={"pool": "trainer"}, strategy="spread"))
+    assert group.wait(60)
+    assert set(placement_group_table(group)["bundles_to_node_id"].values()) == {two_nodes["trainer"]}
+    remove_placement_group(group)
+    wait_for_free_cpus(4.0)
+
+
+def test_a_learner_and_an_engine_share_a_gpu_by_asking_for_half_each(two_nodes, tmp_path):
+    config = load_config(None, [*PINNED, "rollout.resources={trainer_node: 1}", "rollout.engine=transformers",
+                                "rollout.num_gpus=0.5", "learner.num_gpus=0.5", "rollout.num_cpus=0.5",
+                                "learner.num_cpus=0.5", f"trainer.output_dir={tmp_path}"])
+    actors = Actors.start(config)
+    try:
+        placed = [actors.rollouts[0], actors.learner]
+        nodes = ray.get([a.__ray_call__.remote(lambda _: ray.get_runtime_context().get_node_id()) for a in placed])
+        gpus = ray.get([a.__ray_call__.remote(lambda _: ray.get_gpu_ids()) for a in placed])
+        assert nodes == [two_nodes["trainer"]] * 2 and gpus[0] == gpus[1] and len(gpus[0]) == 1
+    finally:
+        actors.stop()
+    wait_for_free_cpus(4.0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_run_places_every_role_where_configured(two_nodes, tmp_path, mode):
+    config = load_config(None, [
+        *PINNED, "rollout.num_workers=2", "rollout.engine=transformers", "rollout.num_cpus=0.5", "rollout.threads=1",
+        "rollout.group_size=4", "rollout.prompts_per_step=8", "rollout.chunk_prompts=2", "reward.num_workers=2",
+        "learner.num_cpus=0.5", "learner.threads=1", "algo.lr=1e-3", "data.eval_rows=8",
+        f"trainer.mode={mode}", "trainer.steps=3", "trainer.eval_every=0", "trainer.save_final=false",
+        "trainer.progress=false", "trainer.loggers=[jsonl]", f"trainer.output_dir={tmp_path}",
+    ])
+    trainer = Trainer(config, tmp_path / mode)
+    trainer.start()
+    try:
+        where = {
+            "rollout": [d["node_id"] for d in ray.get([w.describe.remote() for w in trainer.actors.rollouts])],
+            "reward": ray.get([r.__ray_call__.remote(lambda _: ray.get_runtime_context().get_node_id())
+                               for r in trainer.actors.rewards]),
+            "learner": [ray.get(trainer.actors.learner.__ray_call__.remote(
+                lambda _: ray.get_runtime_context().get_node_id()))],
+        }
+        assert where == {"rollout": [two_nodes["engines"]] * 2, "reward": [two_nodes["trainer"]] * 2,
+                         "learner": [two_nodes["trainer"]]}
+        trainer.verify_weights()
+        (tmp_path / mode).mkdir()
+        log = MetricsLog(tmp_path / mode, config)
+        assert trainer.train(log, time.time()) == 3  # every push's checksums are checked
+        log.close()
+        trainer.verify_weights()  # every engine serves the learner's final weights
+        learner_checksum = ray.get(trainer.actors.learner.checksum.remote())
+        assert ray.get([w.checksum.remote() for w in trainer.actors.rollouts]) == [learner_checksum] * 2
+    finally:
+        trainer.stop()
+    records = [json.loads(line) for line in (tmp_path / mode / "metrics.jsonl").read_text().splitlines()]
+    assert [r["policy/version"] for r in records] == [1.0, 2.0, 3.0]
+    lags = [r["rollout/staleness_max"] for r in records]
+    assert lags == ([0.0, 0.0, 0.0] if mode == "sync" else [0.0, 1.0, 1.0])
+    wait_for_free_cpus(4.0)
 
 
 def wait_for_free_cpus(cpus: float, timeout_s: float = 30.0) -> None:

@@ -110,6 +110,7 @@ class Learner:
             "policy/version": float(self.version),
             "system/learn_tokens_per_s": tokens / (time.perf_counter() - started),
             "system/learner_peak_memory_mb": peak_memory_mb(self.device),
+            "time/learn_s": time.perf_counter() - started,  # the controller's learner_idle_fraction
         }
 
     def _update(self, batch: TrainBatch, rows: torch.Tensor, stats: StepStats, fill_old: bool) -> None:

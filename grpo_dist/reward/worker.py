@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from dataclasses import dataclass
 from typing import Any
 
+from grpo_dist.chunk_stats import summarize
 from grpo_dist.config import RewardConfig, RewardFunctionConfig
 from grpo_dist.reward.pool import ScoreOutcome, ScoringPool, exception_outcome, value_outcome
 from grpo_dist.reward.registry import (
@@ -78,6 +80,14 @@ class RewardWorker:
             group.reward_parts = {name: values[start:end] for name, values in parts.items()}
             start = end
         return groups, failures
+
+    def score_chunk(self, groups: list[Group]) -> tuple[list[Group], dict[str, float]]:
+        """`score`, plus what the controller needs to know about the chunk, small: its sums
+        (chunk_stats.summarize), the failure counts, and the time scoring took."""
+        started = time.perf_counter()
+        groups, failures = self.score(groups)
+        summary = summarize(groups, self.config.accuracy_from)
+        return groups, {**failures, **summary, "score_s": time.perf_counter() - started}
 
     def outcomes(self, function: RewardFunctionConfig, samples: list[Sample]) -> list[ScoreOutcome]:
         """One function's outcome for each sample, by the function's kind."""

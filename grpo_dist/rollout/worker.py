@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import ray
@@ -14,15 +15,17 @@ from grpo_dist.rollout.hf_engine import HFEngine
 from grpo_dist.types import Group, Prompt, SamplingSettings
 
 
-def resolve_engine(name: str) -> str:
-    """`rollout.engine` as built on this node: "auto" is vllm where it is installed."""
+def resolve_engine(name: str, num_gpus: float = 0.0) -> str:
+    """`rollout.engine` as built on this node: "auto" is vllm where it is installed and the
+    worker has a GPU, else transformers (on the CPU it is the faster one: docs/async.md)."""
     if name == "auto":
-        return "vllm" if vllm_installed() else "transformers"
+        gpu = num_gpus > 0 and torch.cuda.is_available()
+        return "vllm" if gpu and vllm_installed() else "transformers"
     return name
 
 
 def build_engine(model: ModelConfig, rollout: RolloutConfig, seed: int) -> GenerationEngine:
-    if resolve_engine(rollout.engine) == "vllm":
+    if resolve_engine(rollout.engine, rollout.num_gpus) == "vllm":
         from grpo_dist.rollout.vllm_engine import VLLMEngine  # imports vLLM: seconds, so only here
 
         settings = rollout.vllm
@@ -45,9 +48,10 @@ class RolloutWorker:
 
     def __init__(self, model: ModelConfig, rollout: RolloutConfig, seed: int) -> None:
         torch.set_num_threads(rollout.threads)
-        self.engine_name = resolve_engine(rollout.engine)
+        self.engine_name = resolve_engine(rollout.engine, rollout.num_gpus)
         self.engine = build_engine(model, rollout, seed)
         self.version = 0
+        self.load_s = 0.0  # seconds spent taking weights since the last generate_chunk
 
     def generate(self, prompts: list[Prompt], sampling: SamplingSettings, seeds: list[int]) -> list[Group]:
         """One group of `sampling.n` completions per prompt, tagged with the policy version.
@@ -63,9 +67,23 @@ class RolloutWorker:
             for p, group in zip(prompts, completions)
         ]
 
+    def generate_chunk(self, prompts: list[Prompt], sampling: SamplingSettings,
+                       seeds: list[int]) -> tuple[list[Group], dict[str, float]]:
+        """`generate`, and what the controller needs to know about the call, small: the policy
+        version, how long it took, the weight loading that came before it, and the worker's
+        peak memory (pipeline.py)."""
+        started = time.perf_counter()
+        groups = self.generate(prompts, sampling, seeds)
+        info = {"policy_version": float(self.version), "generate_s": time.perf_counter() - started,
+                "load_s": self.load_s, "peak_memory_mb": peak_memory_mb()}
+        self.load_s = 0.0
+        return groups, info
+
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int, verify: bool = True) -> str | None:
         """Load a new policy version in place; returns the checksum of what is now served."""
+        started = time.perf_counter()
         self.engine.load_weights(state_dict)
+        self.load_s += time.perf_counter() - started
         self.version = version
         return self.checksum() if verify else None
 
@@ -82,7 +100,9 @@ class RolloutWorker:
 
     def receive_weights(self, buckets: list, version: int, timeout_s: float, verify: bool = True) -> str | None:
         """Take a new policy version over the weight group; returns the served checksum."""
+        started = time.perf_counter()
         self.engine.receive_weights(buckets, timeout_s)
+        self.load_s += time.perf_counter() - started
         self.version = version
         return self.checksum() if verify else None
 
@@ -92,10 +112,6 @@ class RolloutWorker:
 
     def policy_version(self) -> int:
         return self.version
-
-    def memory_stats(self) -> dict[str, float]:
-        """This worker's peak memory, MiB (metrics.peak_memory_mb: CUDA allocations or peak RSS)."""
-        return {"peak_memory_mb": peak_memory_mb()}
 
     def describe(self) -> dict[str, Any]:
         """The engine built here and where this worker runs (for logs and placement checks)."""

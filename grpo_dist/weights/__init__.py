@@ -32,9 +32,15 @@ class WeightSync(Protocol):
         """Prepare the transport (once, after the actors start)."""
         ...
 
+    def submit(self, version: int) -> list[Any]:
+        """Start sending the learner's current weights as `version`, without waiting: one
+        object reference per worker to the checksum it will serve (None when verification is
+        off). Each actor runs these calls after those submitted before and before those
+        submitted after, so every worker takes the weights between two of its requests."""
+        ...
+
     def push(self, version: int) -> list[str | None]:
-        """Send the learner's current weights as `version`; one served checksum per worker
-        (None when verification is off)."""
+        """`submit`, then wait: one served checksum per worker."""
         ...
 
     def close(self) -> None:

@@ -185,6 +185,7 @@ class NcclSync:
         self.bucket_bytes, self.verify, self.backend = bucket_bytes, verify, backend
         self.world_size = 1 + len(rollouts) * tensor_parallel_size
         self.plan: list[Bucket] | None = None
+        self.sent: ray.ObjectRef | None = None  # the learner's side of the latest broadcast
         self.joining = False
 
     def setup(self) -> None:
@@ -197,12 +198,17 @@ class NcclSync:
         self._wait(joined, f"forming the weight group of {self.world_size} ranks at {host}:{port}")
         self.plan = ray.get(self.learner.weight_plan.remote(self.bucket_bytes))
 
-    def push(self, version: int) -> list[str | None]:
+    def submit(self, version: int) -> list[ray.ObjectRef]:
+        """Queue the broadcast on the learner and every worker. It is a collective: it runs once
+        each of them has finished what was queued before it (the learner waits for the slowest)."""
         if self.plan is None:
-            raise RuntimeError("NcclSync.push before setup")
-        sent = self.learner.send_weights.remote(self.plan)
-        received = [w.receive_weights.remote(self.plan, version, self.timeout_s, self.verify) for w in self.rollouts]
-        return self._wait([sent, *received], f"broadcasting version {version}")[1:]
+            raise RuntimeError("NcclSync.submit before setup")
+        self.sent = self.learner.send_weights.remote(self.plan)
+        return [w.receive_weights.remote(self.plan, version, self.timeout_s, self.verify) for w in self.rollouts]
+
+    def push(self, version: int) -> list[str | None]:
+        received = self.submit(version)
+        return self._wait([self.sent, *received], f"broadcasting version {version}")[1:]
 
     def close(self) -> None:
         if not self.joining:

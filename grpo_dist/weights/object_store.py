@@ -16,9 +16,12 @@ class ObjectStoreSync:
     def setup(self) -> None:
         pass
 
-    def push(self, version: int) -> list[str | None]:
+    def submit(self, version: int) -> list[ray.ObjectRef]:
         weights = self.learner.export_weights.remote()  # an ObjectRef: stored once
-        return ray.get([w.load_weights.remote(weights, version, self.verify) for w in self.rollouts])
+        return [w.load_weights.remote(weights, version, self.verify) for w in self.rollouts]
+
+    def push(self, version: int) -> list[str | None]:
+        return ray.get(self.submit(version))
 
     def close(self) -> None:
         pass

@@ -1,0 +1,62 @@
+"""What the controller learns about a step's groups without holding them: sums per chunk.
+
+The reward actor that scores a chunk summarises it (`summarize`, a few floats); the
+controller adds up the summaries of a step's chunks into the reward/ and rollout/ metrics
+(`batch_metrics`). Sums rather than means, so that chunks of any size combine exactly.
+"""
+
+from __future__ import annotations
+
+import math
+
+from grpo_dist.types import Group
+
+FAILURES = "/failures"
+PART_SUM = "/sum"
+
+
+def summarize(groups: list[Group], accuracy_from: str) -> dict[str, float]:
+    """Counts and sums of one scored chunk; `accuracy_from`'s score 1.0 counts as correct."""
+    completions = [c for g in groups for c in g.completions]
+    rewards = [r for g in groups for r in g.rewards]
+    summary = {
+        "groups": float(len(groups)),
+        "completions": float(len(completions)),
+        "tokens": float(sum(len(c.token_ids) for c in completions)),
+        "truncated": float(sum(c.finish_reason == "length" for c in completions)),
+        "reward_sum": sum(rewards),
+        "reward_sq_sum": sum(r * r for r in rewards),
+        "correct": float(sum(v >= 1.0 for g in groups for v in g.reward_parts[accuracy_from])),
+    }
+    for name in groups[0].reward_parts if groups else ():
+        summary[f"reward/{name}{PART_SUM}"] = sum(v for g in groups for v in g.reward_parts[name])
+    return summary
+
+
+def add(summaries: list[dict[str, float]]) -> dict[str, float]:
+    """Key-wise sum of several chunks' summaries."""
+    total: dict[str, float] = {}
+    for summary in summaries:
+        for key, value in summary.items():
+            total[key] = total.get(key, 0.0) + value
+    return total
+
+
+def batch_metrics(summaries: list[dict[str, float]]) -> dict[str, float]:
+    """The reward/ and rollout/ metrics of the chunks `summaries` describe, taken together."""
+    total = add(summaries)
+    n = total["completions"]
+    mean = total["reward_sum"] / n  # mean(r)
+    metrics = {
+        "reward/mean": mean,
+        "reward/std": math.sqrt(max(total["reward_sq_sum"] / n - mean * mean, 0.0)),  # sqrt(E[r^2] - E[r]^2)
+        "reward/accuracy": total["correct"] / n,
+        "rollout/completion_length": total["tokens"] / n,
+        "rollout/truncated_fraction": total["truncated"] / n,
+    }
+    for key, value in total.items():
+        if key.startswith("reward/") and key.endswith(PART_SUM):
+            metrics[key.removesuffix(PART_SUM) + "/mean"] = value / n
+        elif key.startswith("reward/") and key.endswith(FAILURES):
+            metrics[key] = value
+    return metrics

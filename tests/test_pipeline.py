@@ -1,0 +1,145 @@
+"""The rollout pipeline on a real local Ray cluster: versions, staleness, timeouts, the driver's memory.
+
+Two rollout workers with the transformers engine, one reward actor, the real learner.
+"""
+
+import time
+import tracemalloc
+
+import pytest
+import ray
+
+from conftest import small_config
+from grpo_dist.pipeline import CallTimeout, StaleRollout
+from grpo_dist.trainer import Trainer
+
+GROUP = 4
+
+
+@pytest.fixture(scope="module")
+def trainer(ray_cluster, tmp_path_factory):
+    config = small_config(tmp_path_factory.mktemp("runs"), "rollout.engine=transformers", "rollout.chunk_prompts=2")
+    trainer = Trainer(config, run_dir=tmp_path_factory.mktemp("run"))
+    trainer.start()
+    trainer.step(1)  # the learner is at version 1, and so is every engine
+    yield trainer
+    trainer.stop()
+
+
+def relabel(trainer, worker: int, version: int) -> None:
+    """Make a worker report `version` while serving the learner's weights (a stand-in for a
+    worker that missed pushes: restarted, say)."""
+    weights = trainer.actors.learner.export_weights.remote()
+    ray.get(trainer.actors.rollouts[worker].load_weights.remote(weights, version))
+
+
+def submit(trainer, prompts: int = 8):
+    return trainer.pipeline.submit(77, trainer.cursor.next_batch(prompts), trainer.sampling)
+
+
+def test_chunks_alternate_workers_and_every_group_carries_its_version(trainer):
+    batch = submit(trainer)
+    assert [c.worker for c in batch.chunks] == [0, 0, 1, 1]  # contiguous shares, 2 prompts a chunk
+    collected = trainer.pipeline.collect(batch, trainer.version)
+    assert collected.versions == [1] * 4 and collected.metrics["rollout/staleness_max"] == 0
+    groups = [g for chunk in ray.get(collected.groups) for g in chunk]
+    assert [g.prompt_index for g in groups] == [p.index for c in batch.chunks for p in c.prompts]
+    assert {g.policy_version for g in groups} == {1} and all(len(g.rewards) == GROUP for g in groups)
+    assert collected.metrics["reward/exact_answer/failures"] == 0.0
+    assert 0 <= collected.metrics["reward/accuracy"] <= 1 and collected.metrics["rollout/dropped_stale"] == 0
+
+
+def test_a_chunk_sampled_by_too_old_weights_is_dropped_and_generated_again_elsewhere(trainer):
+    relabel(trainer, 1, 0)  # worker 1 now claims version 0: one behind, and max_staleness is 0
+    try:
+        batch = submit(trainer)
+        collected = trainer.pipeline.collect(batch, trainer.version)
+        assert collected.versions == [1] * 4, "worker 1's chunks were generated again by worker 0"
+        assert [c.worker for c in batch.chunks] == [0, 0, 0, 0]
+        assert collected.metrics["rollout/dropped_stale"] == 4.0  # groups
+        assert {g.policy_version for chunk in ray.get(collected.groups) for g in chunk} == {1}
+    finally:
+        relabel(trainer, 1, trainer.version)
+
+
+def test_when_every_worker_is_stale_the_run_stops_with_a_clear_error(trainer):
+    relabel(trainer, 0, 0)
+    relabel(trainer, 1, 0)
+    try:
+        with pytest.raises(StaleRollout, match=r"policy version 0 on rollout worker \d too, with the learner at 1 "
+                                               r"\(trainer.max_staleness=0\)"):
+            trainer.pipeline.collect(submit(trainer), trainer.version)
+    finally:
+        relabel(trainer, 0, trainer.version)
+        relabel(trainer, 1, trainer.version)
+
+
+def test_a_call_past_the_timeout_names_the_actor_and_the_stage(trainer):
+    busy = trainer.actors.rollouts[1].__ray_call__.remote(lambda _: time.sleep(8))  # worker 1 hangs a while
+    timeout_s, trainer.pipeline.timeout_s = trainer.pipeline.timeout_s, 3.0
+    try:
+        with pytest.raises(CallTimeout) as raised:
+            trainer.pipeline.collect(submit(trainer), trainer.version)
+    finally:
+        trainer.pipeline.timeout_s = timeout_s
+        ray.get(busy)
+    message = str(raised.value)
+    assert "rollout worker 1: generate_chunk (chunk 2 of step 77)" in message and "trainer.call_timeout_s" in message
+    assert "rollout worker 0" not in message and "score_chunk" not in message
+
+
+def driver_memory(run) -> dict[str, int]:
+    """What the driver holds while `run` runs, in bytes: the peak and the retained growth of
+    its Python heap (tracemalloc; the retained part measured while `run`'s result is still
+    referenced), and what Ray keeps in the driver's in-process object store afterwards."""
+    core_worker = ray._private.worker.global_worker.core_worker
+    tracemalloc.start()
+    before, _ = tracemalloc.get_traced_memory()
+    result = run()
+    current, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    del result
+    return {"peak": peak - before, "retained": current - before,
+            "ray_store": core_worker.get_local_memory_store_bytes_used()}
+
+
+def test_the_driver_holds_no_groups_when_the_batch_grows_tenfold(trainer):
+    """Two steps at 8 and at 80 prompts: the driver's heap and Ray's store in the driver stay flat.
+
+    The baseline, in the same process: fetching a batch of the same size into the driver, as
+    the synchronous controller did, grows with the batch.
+    """
+    trainer.pipeline.chunk_prompts = 16
+    measured = {}
+    for prompts in (8, 80):
+        trainer.config.rollout.prompts_per_step = prompts
+        trainer.step(trainer.version + 1)  # the batch in flight still has the old size
+        measured[prompts] = {
+            "steps": driver_memory(lambda: [trainer.step(trainer.version + 1) for _ in range(2)]),
+            "fetched": driver_memory(lambda: trainer.rollout(trainer.cursor.next_batch(prompts), trainer.sampling, 99)),
+        }
+    print("driver memory, bytes:", measured)
+    steps, fetched = ({size: measured[size][kind] for size in (8, 80)} for kind in ("steps", "fetched"))
+    batch_bytes = fetched[80]["retained"] - fetched[8]["retained"]  # 72 prompts' groups, held
+    assert batch_bytes > 100_000, "the baseline sees the batch grow"
+    assert steps[80]["retained"] - steps[8]["retained"] < 0.2 * batch_bytes, "references and floats, not groups"
+    assert steps[80]["peak"] - steps[8]["peak"] < 0.2 * batch_bytes
+    assert steps[8]["ray_store"] == steps[80]["ray_store"] == 0, "no group inlined into the driver's Ray store"
+
+
+def test_batches_submitted_for_steps_that_will_not_run_are_cancelled(trainer):
+    """An early stop (trainer.max_wall_seconds) leaves batches in flight: they are cancelled,
+    and the workers serve the next calls (the final evaluation) right after."""
+    trainer.fill(trainer.submitted + 3)
+    in_flight = [chunk.info for batch in trainer.in_flight for chunk in batch.chunks]
+    assert len(trainer.in_flight) >= 3
+    trainer.discard_in_flight()
+    assert not trainer.in_flight
+    assert len(trainer.rollout(trainer.cursor.next_batch(4), trainer.sampling, 99)) == 4
+    cancelled = 0
+    for ref in in_flight:
+        try:
+            ray.get(ref, timeout=60)
+        except ray.exceptions.TaskCancelledError:
+            cancelled += 1
+    assert cancelled > 0, "the queued chunks did not run"
