@@ -13,6 +13,11 @@ One loop serves both modes; sync mode is async mode with max_staleness 0. Step t
 so batch t is sampled by version t - k - 1 (0 for the first k + 1 batches) and trained on by
 version t - 1: never more than k versions old. The driver holds references and metrics; the
 actors do the generation, scoring and training.
+
+With algo.dynamic_sampling, collecting batch t may add rounds of prompts until it holds
+prompts_per_step informative groups (dynamic.py); they are sampled by the newest version pushed.
+A step that finds none trains on nothing: the version stays and no weights are pushed, so from
+then on versions run behind step numbers, and the staleness rule still holds.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from ray.util.placement_group import PlacementGroup, remove_placement_group
 
 from grpo_dist.config import Config, dump_config, effective_reward
 from grpo_dist.data import PreparedData, PromptCursor, prepare_data
+from grpo_dist.dynamic import DynamicSampling
 from grpo_dist.eval import evaluate, standard_error
 from grpo_dist.learner.group import start_learner
 from grpo_dist.metrics import MetricsLog, write_json_atomic
@@ -114,6 +120,8 @@ class Trainer:
         self.actors: Actors | None = None
         self.sync: WeightSync | None = None
         self.pipeline: RolloutPipeline | None = None
+        # collect(batch, version): the pipeline's, or dynamic sampling's rounds on top of it (dynamic.py)
+        self.collector: RolloutPipeline | DynamicSampling | None = None
         self.version = 0  # the learner's policy version
         self.in_flight: deque[Batch] = deque()  # submitted batches not yet handed to the learner
         self.submitted = 0  # the last step whose batch was submitted
@@ -131,9 +139,16 @@ class Trainer:
         except BaseException:
             self.stop()
             raise
+        algo = self.config.algo
         self.pipeline = RolloutPipeline(self.actors.rollouts, self.actors.rewards, seed=self.config.trainer.seed,
                                         chunk_prompts=self.config.rollout.chunk_prompts,
-                                        max_staleness=self.max_staleness, timeout_s=self.config.trainer.call_timeout_s)
+                                        max_staleness=self.max_staleness, timeout_s=self.config.trainer.call_timeout_s,
+                                        informative_only=algo.dynamic_sampling)
+        if algo.dynamic_sampling:
+            self.collector = DynamicSampling(self.pipeline, self.cursor.next_batch, self.config.rollout.prompts_per_step,
+                                             algo.dynamic_sampling_max_rounds)
+        else:
+            self.collector = self.pipeline
 
     def stop(self) -> None:
         if self.sync is not None:
@@ -179,7 +194,11 @@ class Trainer:
         trainer = self.config.trainer
         step = 0
         for step in range(1, trainer.steps + 1):
-            log.log(step, self.step(step))
+            metrics = self.step(step)
+            log.log(step, metrics)
+            if metrics.get("rollout/dynamic_groups") == 0:
+                log.note(f"step {step}: no informative group in {metrics['rollout/dynamic_rounds']:.0f} rounds "
+                         f"(algo.dynamic_sampling_max_rounds): no update, the policy stays version {self.version}")
             if log.wants_samples(step):
                 log.log_samples(step, self.sample_groups(trainer.samples_per_log))
             if trainer.eval_every and step % trainer.eval_every == 0 and step < trainer.steps:
@@ -199,15 +218,18 @@ class Trainer:
         self.step_clock = self.step_clock or time.perf_counter()
         self.fill(step + self.max_staleness)  # (only the first step has anything to fill here)
         batch = self.in_flight.popleft()
-        collected = self.pipeline.collect(batch, self.version)
+        collected = self.collector.collect(batch, self.version)
         self.verify_pushed(max(collected.versions))  # the weights that sampled it had arrived
         depth = self.pipeline.buffer_depth([batch, *self.in_flight], self.config.rollout.prompts_per_step)
         self.last_groups = collected.groups
-        result = self.actors.learner.train_step.remote(*collected.groups)
-        self.version += 1
-        self.push_weights()
+        result = None  # dynamic sampling may find no informative group: no update, no new version, no push
+        if collected.groups:
+            result = self.actors.learner.train_step.remote(*collected.groups, max_groups=collected.max_groups)
+            self.version += 1
+            self.push_weights()
         self.fill(step + self.max_staleness + 1)
-        [learner_metrics] = self.call([result], f"learner: train_step of step {step}")
+        learner_metrics = (self.call([result], f"learner: train_step of step {step}")[0] if result is not None
+                           else {"policy/version": float(self.version), "time/learn_s": 0.0})
         now = time.perf_counter()
         step_s, self.step_clock = now - self.step_clock, now
         workers = len(self.actors.rollouts)
