@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from grpo_dist.report import main, plot_stages, read_records, write_report
+from grpo_dist.report import PANELS, main, plot_panel, plot_stages, read_records, write_report
 
 STAGES = ("time/generate_s", "time/reward_s", "time/learn_s", "time/sync_s", "time/step_s")
 
@@ -38,9 +38,21 @@ def test_the_report_draws_every_panel(tmp_path):
 
 
 def test_missing_metrics_leave_a_noted_empty_panel(tmp_path, capsys):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     write_metrics(tmp_path / "run", 3, ("reward/mean", "time/generate_s"))  # no KL, clip, entropy, length
     assert main([str(tmp_path / "run"), "--output", str(tmp_path / "r.png")]) == 0
     assert (tmp_path / "r.png").stat().st_size > 20_000 and capsys.readouterr().out.strip() == str(tmp_path / "r.png")
+    train, _ = read_records(tmp_path / "run")
+    fig, (drawn, empty) = plt.subplots(1, 2)
+    plot_panel(drawn, PANELS[0], [{**r, "loss/kl": 0.1} for r in train], beta=0.04)
+    plot_panel(empty, PANELS[0], train, beta=0.04)
+    assert not drawn.texts and len(drawn.lines) == 1
+    assert not empty.lines and [t.get_text() for t in empty.texts] == ["not logged by this run:\nloss/kl"]
+    plt.close(fig)
 
 
 def test_a_folder_without_metrics_is_an_error(tmp_path, capsys):
