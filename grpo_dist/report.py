@@ -81,7 +81,8 @@ def plot_reward(ax: Any, train: list[dict[str, Any]], evals: list[dict[str, Any]
     ax.set_ylabel("reward / accuracy (share correct)")
 
 
-def plot_panel(ax: Any, panel: Panel, train: list[dict[str, Any]], beta: float | None) -> None:
+def plot_panel(ax: Any, panel: Panel, train: list[dict[str, Any]], notes: dict[str, str]) -> None:
+    """The panel's series over the steps; `notes[name]` is written above a drawn series (why it is flat)."""
     missing = []
     for name, label in panel.series:
         steps, values = curve(train, name)
@@ -91,9 +92,9 @@ def plot_panel(ax: Any, panel: Panel, train: list[dict[str, Any]], beta: float |
             missing.append(name)
     if missing:
         note_missing(ax, missing)
-    if panel.series[0][0] == "loss/kl" and beta == 0 and not missing:
-        ax.text(0.5, 0.9, "algo.beta = 0: no reference model, KL not computed", transform=ax.transAxes,
-                ha="center", color="0.45", fontsize=8)
+    name = panel.series[0][0]
+    if name in notes and not missing:
+        ax.text(0.5, 0.9, notes[name], transform=ax.transAxes, ha="center", color="0.45", fontsize=8)
     ax.set_ylim(bottom=0)  # these are all >= 0; from 0, small changes do not look large
     ax.set_title(panel.title)
     ax.set_ylabel(panel.ylabel)
@@ -134,6 +135,17 @@ def config_value(run_dir: Path, section: str, field: str) -> Any:
     return (tree or {}).get(section, {}).get(field)
 
 
+def panel_notes(run_dir: Path) -> dict[str, str]:
+    """Why a panel of this run is flat by construction, by its metric's name."""
+    notes = {}
+    if config_value(run_dir, "algo", "beta") == 0:
+        notes["loss/kl"] = "algo.beta = 0: no reference model, KL not computed"
+    if config_value(run_dir, "algo", "mu") == 1 and config_value(run_dir, "algo", "minibatch_size") is None:
+        notes["policy/clip_fraction"] = ("one optimizer step per batch (algo.mu 1, no minibatches):\n"
+                                         "the ratio is 1, nothing is clipped")
+    return notes
+
+
 def headline(run_dir: Path, train: list[dict[str, Any]], evals: list[dict[str, Any]]) -> str:
     """The figure's title: the run, its steps, and the held-out accuracy first to last."""
     text = f"{run_dir.name}: {len(train)} steps"
@@ -158,9 +170,9 @@ def write_report(run_dir: Path, output: Path | None = None) -> Path:
     output = output or run_dir / "report.png"
     fig, axes = plt.subplots(2, 3, figsize=(15, 8), sharex=True)
     plot_reward(axes[0, 0], train, evals)
-    beta = config_value(run_dir, "algo", "beta")
+    notes = panel_notes(run_dir)
     for ax, panel in zip((axes[0, 1], axes[0, 2], axes[1, 0], axes[1, 1]), PANELS):
-        plot_panel(ax, panel, train, beta)
+        plot_panel(ax, panel, train, notes)
     plot_stages(axes[1, 2], train, config_value(run_dir, "trainer", "mode"),
                 config_value(run_dir, "trainer", "max_staleness"))
     for ax in axes.flat:

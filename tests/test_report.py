@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from grpo_dist.report import PANELS, main, plot_panel, plot_stages, read_records, write_report
+from grpo_dist.report import PANELS, main, panel_notes, plot_panel, plot_stages, read_records, write_report
 
 STAGES = ("time/generate_s", "time/reward_s", "time/learn_s", "time/sync_s", "time/step_s")
 
@@ -48,8 +48,8 @@ def test_missing_metrics_leave_a_noted_empty_panel(tmp_path, capsys):
     assert (tmp_path / "r.png").stat().st_size > 20_000 and capsys.readouterr().out.strip() == str(tmp_path / "r.png")
     train, _ = read_records(tmp_path / "run")
     fig, (drawn, empty) = plt.subplots(1, 2)
-    plot_panel(drawn, PANELS[0], [{**r, "loss/kl": 0.1} for r in train], beta=0.04)
-    plot_panel(empty, PANELS[0], train, beta=0.04)
+    plot_panel(drawn, PANELS[0], [{**r, "loss/kl": 0.1} for r in train], notes={})
+    plot_panel(empty, PANELS[0], train, notes={"loss/kl": "flat by construction"})
     assert not drawn.texts and len(drawn.lines) == 1
     assert not empty.lines and [t.get_text() for t in empty.texts] == ["not logged by this run:\nloss/kl"]
     plt.close(fig)
@@ -78,3 +78,15 @@ def test_the_time_panel_draws_each_stage_and_the_wall_time_as_lines(tmp_path, mo
     assert not ax.collections, "no stacked areas"
     assert ax.get_legend().get_title().get_text() == note and ax.get_ylabel() == "seconds"
     plt.close(fig)
+
+
+@pytest.mark.parametrize("algo,expected", [
+    ({"beta": 0.0, "mu": 1, "minibatch_size": None}, {"loss/kl", "policy/clip_fraction"}),
+    ({"beta": 0.04, "mu": 2, "minibatch_size": None}, set()),
+    ({"beta": 0.04, "mu": 1, "minibatch_size": 8}, set()),
+])
+def test_panels_flat_by_construction_say_why(tmp_path, algo, expected):
+    import yaml
+
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"algo": algo}))
+    assert set(panel_notes(tmp_path)) == expected
