@@ -1,0 +1,140 @@
+"""Resuming as the issue asks: 6 steps straight versus 3 steps, kill -9 of the driver, resume, 3 more.
+
+Sync mode: the same prompts in the same order, the same completions, the same final weights.
+Async mode (stopped by SIGTERM this time): the same prompts in the same order, and it completes.
+Every run is a `python -m grpo_dist.launch` in a session of its own, on its own local cluster.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from faults import kill_session, session_processes
+
+ROOT = Path(__file__).resolve().parent.parent
+RUN = ["rollout.engine=transformers", "rollout.prompts_per_step=8", "rollout.group_size=4", "rollout.threads=1",
+       "learner.threads=1", "algo.lr=1e-3", "data.eval_rows=4", "cluster.address=local", "cluster.num_cpus=2",
+       "trainer.steps=6", "trainer.checkpoint_every=3", "trainer.eval_every=0", "trainer.progress=false",
+       "trainer.loggers=[jsonl]", "trainer.samples_every=1", "trainer.samples_per_log=8", "trainer.seed=0"]
+
+
+def start(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "grpo_dist.launch", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def finish(run: subprocess.Popen, timeout: float = 240) -> tuple[int, str]:
+    try:
+        output, _ = run.communicate(timeout=timeout)
+    finally:
+        kill_session(run.pid)
+    return run.returncode, output
+
+
+def train_records(run_dir: Path) -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines() if (run_dir / "metrics.jsonl").is_file() else []
+    return [r for r in map(json.loads, lines) if r["kind"] == "train"]
+
+
+def wait_for(condition, run: subprocess.Popen, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert run.poll() is None, run.stdout.read()[-3000:]
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def samples(run_dir: Path) -> dict[int, list]:
+    """Per step: every prompt's index with its completions, in the order the step had them."""
+    steps: dict[int, list] = {}
+    for line in (run_dir / "samples.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        steps.setdefault(record["step"], []).append((record["prompt_index"], [c["text"] for c in record["completions"]]))
+    return steps
+
+
+def max_weight_difference(a: Path, b: Path) -> float:
+    left, right = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
+    assert left.keys() == right.keys()
+    return max((left[name] - right[name]).abs().max().item() for name in left)
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """Run A: 6 steps in sync mode, uninterrupted."""
+    out = tmp_path_factory.mktemp("straight")
+    code, output = finish(start(*RUN, f"trainer.output_dir={out}", "trainer.run_name=a"))
+    assert code == 0, output[-3000:]
+    return out / "a"
+
+
+@pytest.mark.slow
+def test_sync_resume_after_kill_9_gives_the_same_prompts_completions_and_weights(straight, tmp_path):
+    run_dir = tmp_path / "b"
+    run = start(*RUN, f"trainer.output_dir={tmp_path}", "trainer.run_name=b")
+    try:
+        wait_for(lambda: (run_dir / "checkpoints" / "step_000003").is_dir(), run)
+        os.kill(run.pid, signal.SIGSTOP)  # the driver, within a step of the checkpoint (steps take ~0.1 s)
+        kill_session(run.pid)  # kill -9 of the driver and its local cluster
+    finally:
+        kill_session(run.pid)
+    assert run.wait(timeout=30) == -signal.SIGKILL and not session_processes(run.pid)
+    assert not (run_dir / "summary.json").exists() and len(train_records(run_dir)) in (3, 4)
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_000003"]
+
+    code, output = finish(start("--resume", str(run_dir)))
+    assert code == 0, output[-3000:]
+
+    records, expected = train_records(run_dir), train_records(straight)
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]  # each once: the redone ones replaced
+    assert [r["policy/version"] for r in records] == [1, 2, 3, 4, 5, 6]
+    for name in ("data/epoch", "data/position", "reward/mean", "loss/total", "policy/grad_norm"):
+        assert [r[name] for r in records] == [r[name] for r in expected], name
+    assert samples(run_dir) == samples(straight)  # the same prompts in the same order, the same completions
+    difference = max_weight_difference(run_dir / "final", straight / "final")
+    print(f"sync resume: max |weight difference| = {difference:g}")
+    assert difference <= 1e-6
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 6 and summary["resumed_from_step"] == 3
+    assert summary["eval_accuracy_before"] == json.loads((straight / "summary.json").read_text())["eval_accuracy_before"]
+
+
+@pytest.mark.slow
+def test_async_resume_after_sigterm_keeps_the_prompt_order_and_completes(straight, tmp_path):
+    run_dir = tmp_path / "c"
+    run = start(*RUN, "trainer.mode=async", "trainer.max_staleness=1", f"trainer.output_dir={tmp_path}",
+                "trainer.run_name=c")
+    try:
+        wait_for(lambda: len(train_records(run_dir)) >= 1, run)
+        run.send_signal(signal.SIGTERM)  # the driver alone: it finishes the step, saves, exits 128 + 15
+        code, output = finish(run, timeout=120)
+    finally:
+        kill_session(run.pid)
+    assert code == 128 + signal.SIGTERM, output[-3000:]
+    step = train_records(run_dir)[-1]["step"]
+    assert step < 6 and f"stopped by SIGTERM after step {step}; the last checkpoint is " in output
+    assert f"resume with: python -m grpo_dist.launch --resume {run_dir}" in output
+    state = json.loads((run_dir / "checkpoints" / f"step_{step:06d}" / "trainer_state.json").read_text())
+    assert len(state["in_flight"]) == min(2, 6 - step)  # batches step+1, step+2 were drawn, not trained
+
+    code, output = finish(start("--resume", str(run_dir)))
+    assert code == 0, output[-3000:]
+    records = train_records(run_dir)
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
+    expected = train_records(straight)
+    for name in ("data/epoch", "data/position"):
+        assert [r[name] for r in records] == [r[name] for r in expected], name
+    assert [[index for index, _ in prompts] for prompts in samples(run_dir).values()] == [
+        [index for index, _ in prompts] for prompts in samples(straight).values()]
+    assert max(r["rollout/staleness_max"] for r in records) <= 1
+    print(f"async resume after step {step}: max |weight difference| from sync = "
+          f"{max_weight_difference(run_dir / 'final', straight / 'final'):g}")
