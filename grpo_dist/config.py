@@ -294,7 +294,7 @@ class AlgoConfig(Section):
     )
     dynamic_sampling_max_rounds: int | None = Field(
         None, ge=1, description="with dynamic_sampling: generation rounds per step at most, the first one included; "
-        "then the step trains on the informative groups it has"
+        "then the step trains on the informative groups it has (none: no update that step)"
     )
     lr_schedule: Literal["constant", "linear", "cosine"] = Field(
         "constant", description="learning rate after the warmup, per GRPO step: constant, or linear/cosine decay "

@@ -30,6 +30,10 @@ chunk is the unit that can be sent again to any worker (`launch`); one sent agai
 
 Every wait is bounded by `trainer.call_timeout_s`; running past it raises CallTimeout, which
 names the actor and the stage that did not finish.
+
+Dynamic sampling (dynamic.py) collects a step in rounds: with `informative_only` the reward
+actors pass on only the groups that carry a gradient and count them; `submit(..., after=)`
+continues a step's prompt positions, and `combine` makes one batch of the rounds.
 """
 
 from __future__ import annotations
@@ -132,11 +136,13 @@ class Chunk:
 
 @dataclass
 class Batch:
-    """The chunks of one step, in the order of their prompts."""
+    """The chunks of one step, in the order of their prompts; their positions in the step
+    start at `first_position` (a later round of dynamic sampling continues an earlier one's)."""
 
     step: int
     chunks: list[Chunk]
     drawn_at: dict[str, int] | None = None  # the data cursor before its prompts were drawn (the trainer's)
+    first_position: int = 0
 
     @property
     def groups(self) -> int:
@@ -145,6 +151,11 @@ class Batch:
     @property
     def prompts(self) -> list[Prompt]:
         return [prompt for chunk in self.chunks for prompt in chunk.prompts]
+
+    @property
+    def end(self) -> int:
+        """The position after this batch's last prompt."""
+        return self.first_position + self.groups
 
 
 @dataclass
@@ -156,6 +167,8 @@ class Collected:
     versions: list[int]  # the policy version that sampled each chunk
     metrics: dict[str, float]
     generate_busy_s: float  # engine seconds spent generating the batch, all workers together
+    infos: list[dict[str, float]]  # one per chunk (generate_chunk)
+    max_groups: int | None = None  # train on the first max_groups groups of `groups` (None: all)
 
 
 class RolloutPipeline:
@@ -169,23 +182,29 @@ class RolloutPipeline:
 
     def __init__(self, rollouts: list[Any], rewards: list[Any], *, seed: int, chunk_prompts: int,
                  max_staleness: int, timeout_s: float, revive: Callable[[str, int], int], max_retries: int,
-                 counters: dict[str, float]) -> None:
+                 counters: dict[str, float], informative_only: bool = False) -> None:
+        """`informative_only` (dynamic sampling): the reward actors pass on only the groups
+        whose rewards are not all equal, and count them in their stats (dynamic.py)."""
         self.rollouts, self.rewards = rollouts, rewards
         self.seed, self.chunk_prompts = seed, chunk_prompts
         self.max_staleness, self.timeout_s = max_staleness, timeout_s
         self.revive, self.max_retries, self.counters = revive, max_retries, counters
+        self.informative_only = informative_only
 
-    def submit(self, step: int, prompts: list[Prompt], sampling: SamplingSettings, version: int) -> Batch:
+    def submit(self, step: int, prompts: list[Prompt], sampling: SamplingSettings, version: int,
+               after: Batch | None = None) -> Batch:
         """Split the prompts over the workers (contiguous shares), each share into chunks of
         `chunk_prompts`, and launch them all, to be sampled by policy `version` (the last one
-        pushed); prompt i samples with prompt_seed(seed, step, i)."""
+        pushed); prompt i samples with prompt_seed(seed, step, i). `after`, an earlier round of
+        the same step (dynamic sampling): the positions and the chunk numbers continue after its."""
         size = self.chunk_prompts
-        seeds = [prompt_seed(self.seed, step, position) for position in range(len(prompts))]
+        first, first_chunk = (after.end, after.chunks[-1].index + 1) if after else (0, 0)
+        seeds = [prompt_seed(self.seed, step, first + position) for position in range(len(prompts))]
         plan = [(round_, worker, share[start : start + size])
                 for worker, share in enumerate(split(list(range(len(prompts))), len(self.rollouts)))
                 for round_, start in enumerate(range(0, len(share), size))]
-        chunks = [Chunk(step, index, [prompts[p] for p in positions], [seeds[p] for p in positions], sampling,
-                        reward=0, version=version)
+        chunks = [Chunk(step, first_chunk + index, [prompts[p] for p in positions], [seeds[p] for p in positions],
+                        sampling, reward=0, version=version)
                   for index, (_, _, positions) in enumerate(plan)]
         # Launch round by round over the workers, so that a reward actor's queue, which it
         # works through in order, follows the order in which chunks finish generating.
@@ -193,7 +212,7 @@ class RolloutPipeline:
         for launched, index in enumerate(order):
             chunks[index].reward = launched % len(self.rewards)
             self.launch(chunks[index], worker=plan[index][1])
-        return Batch(step, chunks)
+        return Batch(step, chunks, first)
 
     def launch(self, chunk: Chunk, worker: int) -> None:
         """Send the chunk to rollout worker `worker`, and its groups on to its reward actor."""
@@ -204,7 +223,7 @@ class RolloutPipeline:
 
     def score(self, chunk: Chunk) -> None:
         chunk.groups, chunk.stats = self.rewards[chunk.reward].score_chunk.options(num_returns=2).remote(
-            chunk.generated)
+            chunk.generated, self.informative_only)
 
     def wait(self, chunks: list[Chunk]) -> tuple[list[dict[str, float]], list[dict[str, float]], int]:
         """Every chunk's generation info, then its scoring stats (small), in chunk order, and
@@ -263,6 +282,20 @@ class RolloutPipeline:
     def collect(self, batch: Batch, learner_version: int) -> Collected:
         """Wait until the batch is scored, sending lost and wrongly sampled chunks again."""
         infos, stats, dropped = self.wait(batch.chunks)
+        return self.collected(batch, infos, stats, learner_version, dropped)
+
+    def combine(self, rounds: list[tuple[Batch, Collected]], learner_version: int) -> Collected:
+        """The rounds of one step (dynamic sampling), each collected, as one: their references in
+        order, the metrics of all their chunks together."""
+        batch = Batch(rounds[0][0].step, [chunk for part, _ in rounds for chunk in part.chunks])
+        infos = [info for _, collected in rounds for info in collected.infos]
+        stats = [stat for _, collected in rounds for stat in collected.stats]
+        dropped = sum(collected.metrics["rollout/dropped_stale"] for _, collected in rounds)
+        return self.collected(batch, infos, stats, learner_version, dropped)
+
+    def collected(self, batch: Batch, infos: list[dict[str, float]], stats: list[dict[str, float]],
+                  learner_version: int, dropped: float) -> Collected:
+        """What the driver hands on and logs of a scored batch; `dropped`: groups generated again."""
         versions = [int(info["policy_version"]) for info in infos]
         metrics = {
             **batch_metrics(stats),
@@ -271,7 +304,7 @@ class RolloutPipeline:
             **self.timings(batch, infos, stats),
         }
         busy = sum(info["generate_s"] for info in infos)
-        return Collected([chunk.groups for chunk in batch.chunks], stats, versions, metrics, busy)
+        return Collected([chunk.groups for chunk in batch.chunks], stats, versions, metrics, busy, infos)
 
     @staticmethod
     def staleness(batch: Batch, versions: list[int], learner_version: int) -> dict[str, float]:

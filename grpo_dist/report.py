@@ -3,8 +3,9 @@
     python -m grpo_dist.report RUN_DIR [--output PATH]      (default: RUN_DIR/report.png)
 
 Six panels over the training steps: reward and held-out accuracy, KL to the reference,
-clip fraction, entropy, completion length, and seconds per stage. A metric the run did not
-log leaves its panel empty, with a note saying which one. Trainer.run writes it at the end.
+clip fraction, entropy, completion length, and the seconds of each stage beside the step's
+wall time. A metric the run did not log leaves its panel empty, with a note saying which one.
+Trainer.run writes it at the end.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import yaml
 
 STAGES = (("time/generate_s", "generate"), ("time/reward_s", "reward"), ("time/learn_s", "learn"),
           ("time/sync_s", "weight sync"))
+STEP_TIME = ("time/step_s", "step (wall time)")
 
 
 @dataclass(frozen=True)
@@ -97,19 +99,31 @@ def plot_panel(ax: Any, panel: Panel, train: list[dict[str, Any]], beta: float |
     ax.set_ylabel(panel.ylabel)
 
 
-def plot_stages(ax: Any, train: list[dict[str, Any]]) -> None:
-    """Seconds per step in each stage, stacked: their sum is the step's time."""
-    present = [(name, label) for name, label in STAGES if any(name in r for r in train)]
-    rows = [r for r in train if all(name in r for name, _ in present)]
-    if present and rows:
-        ax.stackplot([r["step"] for r in rows], *[[r[name] for r in rows] for name, _ in present],
-                     labels=[label for _, label in present], alpha=0.8)
-        ax.legend(loc="upper left", ncol=len(present), fontsize=8)  # one row, above the stack's highest step
-        ax.set_ylim(0, 1.3 * max(sum(r[name] for name, _ in present) for r in rows))
+def plot_stages(ax: Any, train: list[dict[str, Any]], mode: str | None, max_staleness: int | None) -> None:
+    """Each stage's seconds per step as a line, and the step's wall time (time/step_s) above them.
+
+    Lines, not a stack: in async mode the stages overlap (the engines generate the next
+    batches while the learner trains), so they do not add up to the step; the stage whose line
+    runs along the wall time is the one the step waits for. In sync mode they add up to about
+    the step, the rest being the controller's own time.
+    """
+    drawn = []
+    for name, label in (*STAGES, STEP_TIME):
+        steps, values = curve(train, name)
+        if not steps:
+            continue
+        wall = name == STEP_TIME[0]
+        ax.plot(steps, values, marker=".", label=label, color="black" if wall else None,
+                linewidth=2.2 if wall else 1.4, zorder=3 if wall else 2)
+        drawn.extend(values)
+    if drawn:
+        overlap = f"async, max_staleness {max_staleness}: stages overlap" if mode == "async" else "sync: stages in turn"
+        ax.legend(loc="upper center", ncol=3, fontsize=8, title=overlap, title_fontsize=8)
+        ax.set_ylim(0, 1.45 * max(drawn))  # room for the legend above the lines
     else:
-        note_missing(ax, [name for name, _ in STAGES])
+        note_missing(ax, [name for name, _ in (*STAGES, STEP_TIME)])
         ax.set_ylim(bottom=0)
-    ax.set_title("Time per step, by stage")
+    ax.set_title("Seconds per step: each stage and the step")
     ax.set_ylabel("seconds")
 
 
@@ -147,7 +161,8 @@ def write_report(run_dir: Path, output: Path | None = None) -> Path:
     beta = config_value(run_dir, "algo", "beta")
     for ax, panel in zip((axes[0, 1], axes[0, 2], axes[1, 0], axes[1, 1]), PANELS):
         plot_panel(ax, panel, train, beta)
-    plot_stages(axes[1, 2], train)
+    plot_stages(axes[1, 2], train, config_value(run_dir, "trainer", "mode"),
+                config_value(run_dir, "trainer", "max_staleness"))
     for ax in axes.flat:
         ax.grid(alpha=0.3)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))

@@ -23,6 +23,11 @@ learner's state, and pushes the checkpoint's weights to every engine, verified, 
 anything is generated. Rollout and reward actors whose process dies are restarted by Ray and
 caught up (restarts.py, pipeline.py); a learner that dies ends the run (LearnerLost). Every
 wait is bounded (trainer.call_timeout_s, trainer.weight_sync_timeout_s).
+
+With algo.dynamic_sampling, collecting batch t may add rounds of prompts until it holds
+prompts_per_step informative groups (dynamic.py); they are sampled by the newest version pushed.
+A step that finds none trains on nothing: the version stays and no weights are pushed, so from
+then on versions run behind step numbers, and the staleness rule still holds.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from ray.util.placement_group import PlacementGroup, remove_placement_group
 from grpo_dist.checkpoint import Checkpoint, TrainerState, save_checkpoint
 from grpo_dist.config import Config, dump_config, effective_reward
 from grpo_dist.data import PreparedData, PromptCursor, prepare_data
+from grpo_dist.dynamic import DynamicSampling
 from grpo_dist.eval import evaluate, standard_error
 from grpo_dist.learner.group import start_learner
 from grpo_dist.metrics import MetricsLog, write_json_atomic
@@ -157,6 +163,8 @@ class Trainer:
         self.sync: WeightSync | None = None
         self.pipeline: RolloutPipeline | None = None
         self.restarts: Restarts | None = None
+        # collect(batch, version): the pipeline's, or dynamic sampling's rounds on top of it (dynamic.py)
+        self.collector: RolloutPipeline | DynamicSampling | None = None
         self.version = 0  # the learner's policy version
         self.counters = {name: 0.0 for name in (*RESTART_COUNTERS, BAD_STEPS)}  # run totals
         self.resume = resume
@@ -187,13 +195,19 @@ class Trainer:
         except BaseException:
             self.stop()
             raise
+        algo = self.config.algo
         self.restarts = Restarts({"rollout": self.actors.rollouts, "reward": self.actors.rewards}, self.counters,
                                  self.config.cluster.max_restarts)
         self.pipeline = RolloutPipeline(self.actors.rollouts, self.actors.rewards, seed=self.config.trainer.seed,
                                         chunk_prompts=self.config.rollout.chunk_prompts,
                                         max_staleness=self.max_staleness, timeout_s=self.config.trainer.call_timeout_s,
                                         revive=self.revive, max_retries=self.config.cluster.max_restarts + 1,
-                                        counters=self.counters)
+                                        counters=self.counters, informative_only=algo.dynamic_sampling)
+        if algo.dynamic_sampling:
+            self.collector = DynamicSampling(self.pipeline, self.cursor.next_batch, self.config.rollout.prompts_per_step,
+                                             algo.dynamic_sampling_max_rounds)
+        else:
+            self.collector = self.pipeline
 
     def stop(self) -> None:
         if self.sync is not None:
@@ -265,6 +279,9 @@ class Trainer:
             step += 1
             metrics = self.step(step)
             log.log(step, metrics)
+            if metrics.get("rollout/dynamic_groups") == 0:
+                log.note(f"step {step}: no informative group in {metrics['rollout/dynamic_rounds']:.0f} rounds "
+                         f"(algo.dynamic_sampling_max_rounds): no update, the policy stays version {self.version}")
             if log.wants_samples(step):
                 log.log_samples(step, self.sample_groups(trainer.samples_per_log))
             if trainer.eval_every and step % trainer.eval_every == 0 and step < trainer.steps:
@@ -300,15 +317,18 @@ class Trainer:
         self.catch_up()
         self.fill(step + self.max_staleness)  # (only the first step has anything to fill here)
         batch = self.in_flight.popleft()
-        collected = self.pipeline.collect(batch, self.version)
+        collected = self.collector.collect(batch, self.version)
         self.verify_pushed(max(collected.versions))  # the weights that sampled it had arrived
         depth = self.pipeline.buffer_depth([batch, *self.in_flight], self.config.rollout.prompts_per_step)
         self.last_groups = collected.groups
-        result = self.actors.learner.train_step.remote(*collected.groups)
-        self.version += 1
-        self.push_weights()
+        result = None  # dynamic sampling may find no informative group: no update, no new version, no push
+        if collected.groups:
+            result = self.actors.learner.train_step.remote(*collected.groups, max_groups=collected.max_groups)
+            self.version += 1
+            self.push_weights()
         self.fill(step + self.max_staleness + 1)
-        learner_metrics = self.learner_call(result, f"train_step of step {step}")
+        learner_metrics = (self.learner_call(result, f"train_step of step {step}") if result is not None
+                           else {"policy/version": float(self.version), "time/learn_s": 0.0})
         now = time.perf_counter()
         step_s, self.step_clock = now - self.step_clock, now
         workers = len(self.actors.rollouts)

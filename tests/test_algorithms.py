@@ -1,6 +1,7 @@
 """The published variants as recipes (configs/algos/): they compose with any task, their pieces
 match the papers' formulas, and each learns the built-in task (slow)."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -86,7 +87,7 @@ def test_truncated_completions_are_counted_and_carry_no_gradient():
 @pytest.mark.parametrize("algo", ALGOS, ids=lambda p: p.stem)
 def test_each_recipe_learns_the_built_in_task(ray_cluster, tmp_path, algo):
     # measured (benchmarks/algorithms.py --eval-rows 200, 2 shared cores): 0.320 before; after 10
-    # steps grpo 0.780, dapo 0.780, dr_grpo 0.765, gspo 0.770 (stderr 0.03); 11-60 s each
+    # steps grpo 0.780, dapo 0.735 (with dynamic sampling), dr_grpo 0.765, gspo 0.770 (stderr 0.03); 11-60 s each
     config = load_config([ROOT / "configs" / "default.yaml", algo], [
         "rollout.engine=transformers", "trainer.steps=10", "trainer.eval_every=0", "data.eval_rows=200",
         "trainer.progress=false", "trainer.save_final=false", f"trainer.output_dir={tmp_path}",
@@ -96,3 +97,8 @@ def test_each_recipe_learns_the_built_in_task(ray_cluster, tmp_path, algo):
     lines = (tmp_path / "run" / "metrics.jsonl").read_text()
     if algo.stem == "dapo":
         assert "reward/length_penalty/mean" in lines and "policy/truncated_masked" in lines
+        steps = [r for r in map(json.loads, lines.splitlines()) if r["kind"] == "train"]
+        # it sampled dynamically: uniform groups were dropped and made up for by extra rounds
+        assert any(r["rollout/dynamic_dropped_fraction"] > 0 for r in steps)
+        assert any(r["rollout/dynamic_rounds"] > 1 and r["rollout/dynamic_extra_completions"] > 0 for r in steps)
+        assert all(r["rollout/dynamic_groups"] == 32 or r["rollout/dynamic_bound_reached"] == 1.0 for r in steps)

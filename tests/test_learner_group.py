@@ -71,6 +71,23 @@ def test_two_ranks_give_the_one_rank_update(ray_cluster, groups, case):
     ray.kill(group)
 
 
+def test_two_ranks_train_on_fewer_groups_like_one_rank(ray_cluster, groups):
+    """Dynamic sampling hands the learner fewer groups than a full batch (max_groups): one group
+    of 4 completions, 2 rows a rank, token_mean's divisor still the whole batch's."""
+    overrides = [*COMMON, "algo.aggregation=token_mean"]
+    single = make_learner(*overrides, sgd=True)
+    expected = single.train_step(groups[:1])
+    group = start_learner(make_config(*overrides, "learner.num_ranks=2"))
+    on_every_rank(group, use_sgd)
+    metrics = ray.get(group.train_step.remote(groups[:1], groups[1:], max_groups=1))
+    for got, want in zip(on_every_rank(group, rank_masters)[0], masters(single)):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    assert metrics["loss/total"] == pytest.approx(expected["loss/total"], rel=1e-4, abs=1e-6)
+    assert metrics["policy/advantage_zero_fraction"] == expected["policy/advantage_zero_fraction"]
+    ray.get(group.close.remote())
+    ray.kill(group)
+
+
 def test_a_group_serves_saves_and_loads_like_one_learner(ray_cluster, groups, tmp_path):
     """bfloat16 with float32 masters; the export is rank 0's served weights; save_state by rank
     0, load_state on every rank; close() gives the placement group back."""

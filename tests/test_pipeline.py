@@ -11,6 +11,7 @@ import ray
 
 from conftest import small_config
 from grpo_dist.pipeline import CallTimeout, ChunkFailed
+from grpo_dist.seeding import prompt_seed
 from grpo_dist.trainer import Trainer
 
 GROUP = 4
@@ -61,6 +62,23 @@ def test_a_chunk_sampled_by_other_weights_is_generated_again_after_the_current_w
     assert {g.policy_version for chunk in ray.get(collected.groups) for g in chunk} == {1}
     trainer.verify_pushed(trainer.version)  # the repair's push: the learner's weights, verified
     assert not trainer.unverified and trainer.counters["rollout/restarts"] == 0  # no process died
+
+
+def test_a_later_round_of_a_step_continues_its_positions_and_the_rounds_combine(trainer):
+    """Dynamic sampling's extra rounds: seeds prompt_seed(seed, step, position) with positions
+    after the earlier rounds', chunk numbers after theirs; one step's metrics over every round."""
+    first = submit(trainer, 4)
+    later = trainer.pipeline.submit(77, trainer.cursor.next_batch(3), trainer.sampling, trainer.version,
+                                    after=first)
+    assert (later.first_position, later.end) == (4, 7) and [c.index for c in later.chunks] == [2, 3]
+    assert [seed for c in later.chunks for seed in c.seeds] == [prompt_seed(trainer.config.trainer.seed, 77, p)
+                                                                 for p in range(4, 7)]
+    rounds = [(batch, trainer.pipeline.collect(batch, trainer.version)) for batch in (first, later)]
+    whole = trainer.pipeline.combine(rounds, trainer.version)
+    assert whole.groups == [c.groups for c in first.chunks + later.chunks] and whole.versions == [1] * 4
+    means = [collected.metrics["reward/mean"] for _, collected in rounds]
+    assert whole.metrics["reward/mean"] == pytest.approx((16 * means[0] + 12 * means[1]) / 28)  # by completions
+    assert whole.generate_busy_s == pytest.approx(sum(collected.generate_busy_s for _, collected in rounds))
 
 
 def test_a_chunk_that_keeps_failing_stops_the_run_with_a_clear_error(trainer):

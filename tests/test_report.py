@@ -3,9 +3,11 @@
 import json
 import math
 
-from grpo_dist.report import main, write_report
+import pytest
 
-STAGES = ("time/generate_s", "time/reward_s", "time/learn_s", "time/sync_s")
+from grpo_dist.report import main, plot_stages, read_records, write_report
+
+STAGES = ("time/generate_s", "time/reward_s", "time/learn_s", "time/sync_s", "time/step_s")
 
 
 def write_metrics(run_dir, steps, names):
@@ -21,7 +23,7 @@ def write_metrics(run_dir, steps, names):
             values = {"reward/mean": 0.4 + 0.5 * step / steps, "reward/accuracy": 0.35 + 0.5 * step / steps,
                       "loss/kl": 0.002 * step, "policy/clip_fraction": 0.05 / step, "policy/entropy": 1.2 - 0.03 * step,
                       "rollout/completion_length": 6 - 0.1 * step, "time/generate_s": 0.4, "time/reward_s": 0.05,
-                      "time/learn_s": 0.6, "time/sync_s": 0.03}
+                      "time/learn_s": 0.6, "time/sync_s": 0.03, "time/step_s": 0.7}
             lines.append({"kind": "train", "step": step, "wall_s": 2.0 * step,
                           **{name: values[name] for name in names}})
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
@@ -44,3 +46,23 @@ def test_missing_metrics_leave_a_noted_empty_panel(tmp_path, capsys):
 def test_a_folder_without_metrics_is_an_error(tmp_path, capsys):
     assert main([str(tmp_path)]) == 2
     assert "metrics.jsonl not found" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mode,note", [("sync", "sync: stages in turn"),
+                                       ("async", "async, max_staleness 2: stages overlap")])
+def test_the_time_panel_draws_each_stage_and_the_wall_time_as_lines(tmp_path, mode, note):
+    """Not a stack: in async mode the stages overlap and do not add up to the step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    write_metrics(tmp_path / "run", 4, STAGES)
+    train, _ = read_records(tmp_path / "run")
+    fig, ax = plt.subplots()
+    plot_stages(ax, train, mode, 2)
+    assert [line.get_label() for line in ax.get_lines()] == ["generate", "reward", "learn", "weight sync",
+                                                             "step (wall time)"]
+    assert not ax.collections, "no stacked areas"
+    assert ax.get_legend().get_title().get_text() == note and ax.get_ylabel() == "seconds"
+    plt.close(fig)

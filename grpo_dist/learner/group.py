@@ -6,7 +6,7 @@ K `Learner` ranks in one placement group (a bundle of learner.num_cpus / num_gpu
 packed), joins them into one data-parallel group (distributed.py: gloo on CPUs, NCCL on
 GPUs) and offers the Learner's methods:
 
-- train_step(*chunks): every rank gets the whole batch (one object-store copy) and trains
+- train_step(*chunks, max_groups): every rank gets the whole batch (one object-store copy) and trains
   on its share; the metrics are rank 0's (already summed over ranks), the peak memory the
   largest of any rank.
 - export_weights, checksum, save, save_state, logprobs, and the weight-group methods: rank 0.
@@ -101,8 +101,8 @@ class LearnerGroup:
         ref = getattr(self.ranks[0], method).remote(*args)
         return fetch([ref], [f"learner rank 0: {method}"], self.timeout_s)[0]
 
-    def train_step(self, *chunks: list[Group]) -> dict[str, float]:
-        groups = ray.put([group for chunk in chunks for group in chunk])
+    def train_step(self, *chunks: list[Group], max_groups: int | None = None) -> dict[str, float]:
+        groups = ray.put([group for chunk in chunks for group in chunk][:max_groups])
         metrics = gather([rank.train_step.remote(groups) for rank in self.ranks], "train_step", self.timeout_s)
         peak = max(m["system/learner_peak_memory_mb"] for m in metrics)
         return {**metrics[0], "system/learner_peak_memory_mb": peak}

@@ -70,15 +70,16 @@ class Learner:
             return BasePolicy(self.policy)
         return load_reference(model.path, model.dtype, self.device)
 
-    def train_step(self, *chunks: list[Group]) -> dict[str, float]:
-        """One GRPO update on the scored groups of every chunk; the policy version advances by one.
+    def train_step(self, *chunks: list[Group], max_groups: int | None = None) -> dict[str, float]:
+        """One GRPO update on the scored groups of every chunk, the first `max_groups` of them
+        when given (dynamic sampling drops the rest); the policy version advances by one.
 
         A minibatch whose loss or gradient is not finite leaves the weights and AdamW's state
         untouched: `policy/skipped_steps` counts such minibatches, `policy/step_skipped` is 1.
         """
         started = time.perf_counter()
         reset_peak_memory(self.device)
-        groups = [group for chunk in chunks for group in chunk]
+        groups = [group for chunk in chunks for group in chunk][:max_groups]
         rewards = torch.tensor([reward for group in groups for reward in group.rewards], dtype=torch.float32)
         advantages = grpo.group_advantages(rewards, self.rollout.group_size, scale=self.algo.advantage_scale)
         batch = TrainBatch.from_groups(groups, self.tokenizer.pad_token_id, advantages, self.algo.mask_truncated)

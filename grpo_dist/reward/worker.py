@@ -18,6 +18,7 @@ from typing import Any
 
 from grpo_dist.chunk_stats import summarize
 from grpo_dist.config import RewardConfig, RewardFunctionConfig
+from grpo_dist.dynamic import informative
 from grpo_dist.reward.pool import ScoreOutcome, ScoringPool, exception_outcome, value_outcome
 from grpo_dist.reward.registry import (
     COMPLETION_TOKENS,
@@ -81,12 +82,18 @@ class RewardWorker:
             start = end
         return groups, failures
 
-    def score_chunk(self, groups: list[Group]) -> tuple[list[Group], dict[str, float]]:
+    def score_chunk(self, groups: list[Group], informative_only: bool = False
+                    ) -> tuple[list[Group], dict[str, float]]:
         """`score`, plus what the controller needs to know about the chunk, small: its sums
-        (chunk_stats.summarize), the failure counts, and the time scoring took."""
+        (chunk_stats.summarize, over every group scored), the failure counts, and the time
+        scoring took. With `informative_only` (dynamic sampling) only the groups whose rewards
+        are not all equal are returned, and `informative` counts them."""
         started = time.perf_counter()
         groups, failures = self.score(groups)
         summary = summarize(groups, self.config.accuracy_from)
+        if informative_only:
+            groups = [group for group, keep in zip(groups, informative(groups)) if keep]
+            summary["informative"] = float(len(groups))
         return groups, {**failures, **summary, "score_s": time.perf_counter() - started}
 
     def outcomes(self, function: RewardFunctionConfig, samples: list[Sample]) -> list[ScoreOutcome]:
