@@ -8,49 +8,15 @@ Every run is a `python -m grpo_dist.launch` in a session of its own, on its own 
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
-import torch
 from safetensors.torch import load_file
 
 from faults import kill_session, session_processes
+from runs import SMALL, finish, start, train_records, wait_for
 
-ROOT = Path(__file__).resolve().parent.parent
-RUN = ["rollout.engine=transformers", "rollout.prompts_per_step=8", "rollout.group_size=4", "rollout.threads=1",
-       "learner.threads=1", "algo.lr=1e-3", "data.eval_rows=4", "cluster.address=local", "cluster.num_cpus=2",
-       "trainer.steps=6", "trainer.checkpoint_every=3", "trainer.eval_every=0", "trainer.progress=false",
-       "trainer.loggers=[jsonl]", "trainer.samples_every=1", "trainer.samples_per_log=8", "trainer.seed=0"]
-
-
-def start(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "grpo_dist.launch", *args], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
-
-
-def finish(run: subprocess.Popen, timeout: float = 240) -> tuple[int, str]:
-    try:
-        output, _ = run.communicate(timeout=timeout)
-    finally:
-        kill_session(run.pid)
-    return run.returncode, output
-
-
-def train_records(run_dir: Path) -> list[dict]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines() if (run_dir / "metrics.jsonl").is_file() else []
-    return [r for r in map(json.loads, lines) if r["kind"] == "train"]
-
-
-def wait_for(condition, run: subprocess.Popen, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert run.poll() is None, run.stdout.read()[-3000:]
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
+RUN = [*SMALL, "trainer.steps=6", "trainer.checkpoint_every=3", "trainer.samples_every=1", "trainer.samples_per_log=8"]
 
 
 def samples(run_dir: Path) -> dict[int, list]:
@@ -82,12 +48,12 @@ def test_sync_resume_after_kill_9_gives_the_same_prompts_completions_and_weights
     run_dir = tmp_path / "b"
     run = start(*RUN, f"trainer.output_dir={tmp_path}", "trainer.run_name=b")
     try:
-        wait_for(lambda: (run_dir / "checkpoints" / "step_000003").is_dir(), run)
-        os.kill(run.pid, signal.SIGSTOP)  # the driver, within a step of the checkpoint (steps take ~0.1 s)
-        kill_session(run.pid)  # kill -9 of the driver and its local cluster
+        wait_for(lambda: (run_dir / "checkpoints" / "step_000003" / "COMPLETE").is_file(), run)
+        os.killpg(run.pid, signal.SIGKILL)  # kill -9 of the driver's process group, a step or two later
+        assert run.wait(timeout=30) == -signal.SIGKILL  # (reaped here: kill_session would reap it unseen)
     finally:
-        kill_session(run.pid)
-    assert run.wait(timeout=30) == -signal.SIGKILL and not session_processes(run.pid)
+        kill_session(run.pid)  # the local cluster's workers, in process groups of their own
+    assert not session_processes(run.pid)
     assert not (run_dir / "summary.json").exists() and len(train_records(run_dir)) in (3, 4)
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_000003"]
 
