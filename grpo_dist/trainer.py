@@ -56,7 +56,7 @@ from grpo_dist.metrics import MetricsLog, write_json_atomic
 from grpo_dist.pipeline import BY_REFERENCE, Batch, CallTimeout, ChunkFailed, RolloutPipeline, fetch, fetch_each, first_line
 from grpo_dist.placement import create_placement_group, roles, unplaced
 from grpo_dist.report import write_report
-from grpo_dist.restarts import ActorGone, ActorLost, Restarts
+from grpo_dist.restarts import ActorGone, ActorLost, Restarts, actor_state
 from grpo_dist.reward.worker import RewardWorker
 from grpo_dist.rollout.sampling import sampling_settings
 from grpo_dist.rollout.worker import RolloutWorker
@@ -182,6 +182,7 @@ class Trainer:
         self.repaired: dict[int, int] = {}  # rollout worker -> serial of the push that last repaired it
         self.last_groups: list[ray.ObjectRef] = []  # the latest batch, by reference (for sample logs)
         self.step_clock: float | None = None  # when the current step began (the previous one ended)
+        self.current_step = 0  # the step in progress, or the last one done (error messages)
         self.stop_signal: int | None = None  # the first SIGINT/SIGTERM received
         self.saved: tuple[int, Path] | None = None  # the step and path of the latest checkpoint
 
@@ -312,6 +313,7 @@ class Trainer:
         """One GRPO step: hand batch `step` to the learner, push the new weights, submit the
         batch `max_staleness + 1` steps ahead; returns the step's metrics."""
         assert self.pipeline is not None and self.actors is not None
+        self.current_step = step
         self.step_clock = self.step_clock or time.perf_counter()
         counted = {name: self.counters[name] for name in RESTART_COUNTERS}
         self.catch_up()
@@ -327,7 +329,7 @@ class Trainer:
             self.version += 1
             self.push_weights()
         self.fill(step + self.max_staleness + 1)
-        learner_metrics = (self.learner_call(result, f"train_step of step {step}") if result is not None
+        learner_metrics = (self.learner_call(result, "train_step") if result is not None
                            else {"policy/version": float(self.version), "time/learn_s": 0.0})
         now = time.perf_counter()
         step_s, self.step_clock = now - self.step_clock, now
@@ -438,6 +440,7 @@ class Trainer:
         """An actor lost a call or sampled with the wrong weights: count a restart Ray made
         (ActorGone once it gave up), give a rollout worker the current weights (its push
         queued before anything sent to it after this); returns the current version."""
+        self.check_learner()
         self.restarts.check(role, index)
         if role == "rollout":
             self.repair(index)
@@ -461,7 +464,15 @@ class Trainer:
         try:
             return self.call([ref], f"learner: {stage}")[0]
         except ActorLost as lost:
-            raise LearnerLost(f"the learner died during {stage} ({first_line(lost)})") from None
+            raise LearnerLost(f"the learner died during {stage} at step {self.current_step} ({first_line(lost)})"
+                              ) from None
+
+    def check_learner(self) -> None:
+        """LearnerLost when the learner's process is gone: a lost chunk or weight push may be its
+        doing (the weights it was to export never came), and no revival of a rollout worker helps."""
+        state, _ = actor_state(self.actors.learner)
+        if state == "DEAD":
+            raise LearnerLost(f"the learner died at step {self.current_step} (its actor is DEAD)")
 
     def call(self, refs: list[ray.ObjectRef], names: str | list[str]) -> list[Any]:
         """Wait for actor calls, at most trainer.call_timeout_s (pipeline.fetch)."""
