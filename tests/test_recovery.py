@@ -35,9 +35,9 @@ def summed(records: list[dict], name: str) -> float:
 def test_killed_rollout_and_reward_actors_are_restarted_and_the_run_completes(tmp_path):
     where, run_dir, log = run_dir_and_log(tmp_path)
     steps = 40
-    run = start(*SMALL, *where, f"trainer.steps={steps}", "rollout.num_workers=2", "reward.num_workers=1",
-                "trainer.checkpoint_every=0", "trainer.samples_every=1", "trainer.samples_per_log=8",
-                "trainer.save_final=false", log=log)
+    run = start(*SMALL, *where, f"trainer.steps={steps}", "rollout.num_workers=2", "learner.num_cpus=0.5",
+                "reward.num_workers=1", "trainer.checkpoint_every=0", "trainer.samples_every=1",
+                "trainer.samples_per_log=8", "trainer.save_final=false", log=log)
     try:
         wait_for(lambda: len(train_records(run_dir)) >= 2, run)
         killed = kill_actor("RolloutWorker", root_pid=run.pid)  # preferably one busy generating
@@ -105,7 +105,8 @@ def test_steps_whose_loss_is_never_finite_stop_the_run_with_a_checkpoint(tmp_pat
     """Rewards of ~1e40 are finite floats but overflow float32 in the learner: every step's loss
     is NaN, each is skipped, and after trainer.max_bad_steps of them the run stops."""
     where, run_dir, log = run_dir_and_log(tmp_path)
-    reward = "reward.functions=[{name: exact_answer}, {name: 'reward_helpers:batched_length', kwargs: {scale: 1.0e+39}}]"
+    reward = ("reward.functions=[{name: exact_answer}, "
+              "{name: 'reward_helpers:batched_length', kwargs: {scale: 1.0e+39}}]")
     run = start(*SMALL, *where, reward, "trainer.steps=20", "trainer.max_bad_steps=2", log=log)
     code, output = finish(run, log=log)
     assert code == 1, output[-3000:]
