@@ -206,6 +206,25 @@ def save_checkpoint(run_dir: Path, state: TrainerState, config: Config,
     return target
 
 
+def check_shared_storage(run_dir: Path, write: Callable[[Path, str], None]) -> None:
+    """CheckpointError unless what `write(path, text)` writes (the learner, on its node) is
+    here for the driver to read: the learner writes its share of every checkpoint itself, so
+    RUN_DIR must be storage both see. Asked once before step 1, not found at the first save."""
+    folder = run_dir / CHECKPOINTS
+    folder.mkdir(parents=True, exist_ok=True)
+    token = os.urandom(8).hex()
+    probe = folder / f".probe-{token}"
+    write(probe, token)
+    try:
+        seen = probe.read_text() if probe.is_file() else None
+    finally:
+        probe.unlink(missing_ok=True)
+    if seen != token:
+        raise CheckpointError(f"the learner cannot write checkpoints where the driver reads them: a file it wrote "
+                              f"to {probe} is not there for the driver; put trainer.output_dir on storage that the "
+                              "learner's node and the driver's share")
+
+
 def write_manifest(folder: Path) -> None:
     """Flush every file to disk, then write COMPLETE listing them with their sizes."""
     sizes = {}

@@ -212,7 +212,7 @@ class RolloutPipeline:
         for launched, index in enumerate(order):
             chunks[index].reward = launched % len(self.rewards)
             self.launch(chunks[index], worker=plan[index][1])
-        return Batch(step, chunks, first)
+        return Batch(step, chunks, first_position=first)
 
     def launch(self, chunk: Chunk, worker: int) -> None:
         """Send the chunk to rollout worker `worker`, and its groups on to its reward actor."""

@@ -46,7 +46,7 @@ from typing import Any
 import ray
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 
-from grpo_dist.checkpoint import Checkpoint, TrainerState, save_checkpoint
+from grpo_dist.checkpoint import Checkpoint, CheckpointError, TrainerState, check_shared_storage, save_checkpoint
 from grpo_dist.config import Config, dump_config, effective_reward
 from grpo_dist.data import PreparedData, PromptCursor, prepare_data
 from grpo_dist.dynamic import DynamicSampling
@@ -230,6 +230,7 @@ class Trainer:
             try:
                 engines = sorted({d["engine"] for d in self.call([w.describe.remote() for w in self.actors.rollouts],
                                                                  "rollout workers: describe")})
+                self.check_shared_storage()
                 if self.resume is None:
                     self.verify_weights()
                     before = self.evaluate(step=0, log=log)
@@ -386,6 +387,15 @@ class Trainer:
                                lambda folder: self.learner_call(learner.save_state.remote(str(folder)), "save_state"),
                                keep=self.config.trainer.keep_checkpoints)
         self.saved = (step, path)
+
+    def check_shared_storage(self) -> None:
+        """RunFailed before step 1 when the learner's checkpoint files would not reach RUN_DIR."""
+        learner = self.actors.learner
+        try:
+            check_shared_storage(self.run_dir, lambda path, text: self.learner_call(
+                learner.write_probe.remote(str(path), text), "write_probe"))
+        except CheckpointError as exc:
+            raise RunFailed(str(exc)) from None
 
     def drawn_not_trained(self) -> list[tuple[dict[str, int], list[Prompt]]]:
         """The batches drawn from the cursor and not trained yet, in step order."""

@@ -128,6 +128,9 @@ class LearnerGroup:
     def load_state(self, directory: str) -> int:
         return gather([rank.load_state.remote(directory) for rank in self.ranks], "load_state", self.timeout_s)[0]
 
+    def write_probe(self, path: str, text: str) -> None:
+        self.first("write_probe", path, text)
+
     def weight_group_address(self) -> tuple[str, int]:
         return self.first("weight_group_address")
 

@@ -251,6 +251,10 @@ class Learner:
         self.optimizer_steps, self.skipped_steps = counters["optimizer_steps"], counters["skipped_steps"]
         return self.version
 
+    def write_probe(self, path: str, text: str) -> None:
+        """Write `text` to `path` (checkpoint.check_shared_storage: can the driver read it?)."""
+        Path(path).write_text(text)
+
     def save(self, path: str) -> str:
         """Write the policy (float32 masters; LoRA: merged, and the adapter) and tokenizer to `path`
         atomically (a temporary folder, then rename)."""
