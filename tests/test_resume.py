@@ -2,6 +2,7 @@
 
 Sync mode: the same prompts in the same order, the same completions, the same final weights.
 Async mode (stopped by SIGTERM this time): the same prompts in the same order, and it completes.
+Sync mode with dynamic sampling: exact too (the extra rounds' prompts come from the restored cursor).
 Every run is a `python -m grpo_dist.launch` in a session of its own, on its own local cluster.
 """
 
@@ -34,6 +35,19 @@ def max_weight_difference(a: Path, b: Path) -> float:
     return max((left[name] - right[name]).abs().max().item() for name in left)
 
 
+def kill_9_after(step: int, run_dir: Path, *args: str) -> None:
+    """Launch into `run_dir` with `args`; kill -9 its process group once the checkpoint of `step`
+    is complete."""
+    run = start(*args, f"trainer.output_dir={run_dir.parent}", f"trainer.run_name={run_dir.name}")
+    try:
+        wait_for(lambda: (run_dir / "checkpoints" / f"step_{step:06d}" / "COMPLETE").is_file(), run)
+        os.killpg(run.pid, signal.SIGKILL)  # kill -9 of the driver's process group, a step or two later
+        assert run.wait(timeout=30) == -signal.SIGKILL  # (reaped here: kill_session would reap it unseen)
+    finally:
+        kill_session(run.pid)  # the local cluster's workers, in process groups of their own
+    assert not session_processes(run.pid)
+
+
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory):
     """Run A: 6 steps in sync mode, uninterrupted."""
@@ -46,14 +60,7 @@ def straight(tmp_path_factory):
 @pytest.mark.slow
 def test_sync_resume_after_kill_9_gives_the_same_prompts_completions_and_weights(straight, tmp_path):
     run_dir = tmp_path / "b"
-    run = start(*RUN, f"trainer.output_dir={tmp_path}", "trainer.run_name=b")
-    try:
-        wait_for(lambda: (run_dir / "checkpoints" / "step_000003" / "COMPLETE").is_file(), run)
-        os.killpg(run.pid, signal.SIGKILL)  # kill -9 of the driver's process group, a step or two later
-        assert run.wait(timeout=30) == -signal.SIGKILL  # (reaped here: kill_session would reap it unseen)
-    finally:
-        kill_session(run.pid)  # the local cluster's workers, in process groups of their own
-    assert not session_processes(run.pid)
+    kill_9_after(3, run_dir, *RUN)
     assert not (run_dir / "summary.json").exists() and len(train_records(run_dir)) in (3, 4)
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_000003"]
 
@@ -104,3 +111,23 @@ def test_async_resume_after_sigterm_keeps_the_prompt_order_and_completes(straigh
     assert max(r["rollout/staleness_max"] for r in records) <= 1
     print(f"async resume after step {step}: max |weight difference| from sync = "
           f"{max_weight_difference(run_dir / 'final', straight / 'final'):g}")
+
+
+@pytest.mark.slow
+def test_sync_resume_with_dynamic_sampling_is_exact_too(tmp_path):
+    """Extra rounds draw from the cursor after the step's batch: restored at the same point."""
+    dynamic = [*SMALL, "trainer.steps=4", "trainer.checkpoint_every=2", "algo.dynamic_sampling=true",
+               "algo.dynamic_sampling_max_rounds=3"]
+    code, output = finish(start(*dynamic, f"trainer.output_dir={tmp_path}", "trainer.run_name=a"))
+    assert code == 0, output[-3000:]
+    kill_9_after(2, tmp_path / "b", *dynamic)
+    code, output = finish(start("--resume", str(tmp_path / "b")))
+    assert code == 0, output[-3000:]
+    records, expected = train_records(tmp_path / "b"), train_records(tmp_path / "a")
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    assert max(r["rollout/dynamic_rounds"] for r in expected) > 1, "no step needed a second round"
+    for name in ("data/epoch", "data/position", "rollout/dynamic_rounds", "rollout/dynamic_groups", "reward/mean"):
+        assert [r[name] for r in records] == [r[name] for r in expected], name
+    difference = max_weight_difference(tmp_path / "b" / "final", tmp_path / "a" / "final")
+    print(f"sync resume with dynamic sampling: max |weight difference| = {difference:g}")
+    assert difference <= 1e-6
