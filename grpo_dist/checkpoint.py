@@ -3,7 +3,8 @@
     RUN_DIR/checkpoints/step_000123/
         policy/ ...           the learner's share (`Learner.save_state`): HF policy, optimizer,
                               scheduler, RNG states, version
-        trainer_state.json    the driver's share: step, policy version, data cursor, counters
+        trainer_state.json    the driver's share: step, policy version, data cursor and the
+                              batches drawn but not trained yet, counters
         metrics.jsonl         a copy of RUN_DIR/metrics.jsonl as it was at this step
         config.yaml           the resolved config of the run
         COMPLETE              the manifest (every file and its size), written last
@@ -12,6 +13,11 @@ A checkpoint is written into a hidden staging folder beside its final place and 
 into place once COMPLETE is on disk, so a crash during the write leaves the previous
 checkpoint as it was; the staging leftovers are removed by the next save. Nothing here
 starts Ray: the caller passes the learner's save as a function of the staging folder.
+
+A resume (trainer.py) puts the run's logs back as they were at the checkpoint
+(`restore_metrics`), restores the cursor and the batches to draw first (`restore_data`)
+and the learner's share (Learner.load_state). Sampling needs no saved state: every
+completion's random stream derives from (seed, step, position, sample) (seeding.py).
 """
 
 from __future__ import annotations
@@ -27,12 +33,15 @@ from typing import Any, Callable
 import yaml
 
 from grpo_dist.config import Config, dump_config
+from grpo_dist.data import PromptCursor
+from grpo_dist.types import Prompt
 
 CHECKPOINTS = "checkpoints"
 PREFIX = "step_"
 MANIFEST = "COMPLETE"
 TRAINER_STATE = "trainer_state.json"
 METRICS = "metrics.jsonl"
+SAMPLES = "samples.jsonl"
 CONFIG = "config.yaml"
 
 # Fields that may differ between a checkpoint's config and the resumed run's: how long to
@@ -60,8 +69,12 @@ class TrainerState:
 
     step: int  # the last completed step; a resume continues at step + 1
     policy_version: int  # the learner's version after that step
-    cursor: dict[str, int]  # PromptCursor.state(): the next prompt is the one after these
-    counters: dict[str, float] = field(default_factory=dict)  # restarts, retries, skipped steps, ...
+    cursor: dict[str, int]  # PromptCursor.state() after every draw so far
+    counters: dict[str, float] = field(default_factory=dict)  # restarts, retries, bad steps in a row, ...
+    # The batches drawn but not trained yet (async mode: in flight; in sync mode the next
+    # one), in step order: {"cursor": the cursor before the draw, "prompts": [Prompt.index]}.
+    # The first one's cursor is that of the first prompt not trained on.
+    in_flight: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -78,9 +91,50 @@ class Checkpoint:
         state = TrainerState(**json.loads((path / TRAINER_STATE).read_text()))
         return cls(path, state, yaml.safe_load((path / CONFIG).read_text()))
 
-    def restore_metrics(self, run_dir: Path) -> None:
-        """Put the checkpoint's metrics.jsonl back, so the run's log continues from this step."""
-        copy_atomic(self.path / METRICS, run_dir / METRICS)
+    def restore_metrics(self, run_dir: Path) -> list[dict[str, Any]]:
+        """Put the checkpoint's metrics.jsonl back, so the run's log continues from this step
+        (the records of later steps, which are redone, and a line torn by a kill are gone), and
+        cut samples.jsonl back to this step; returns the metrics records."""
+        if (self.path / METRICS).is_file():
+            copy_atomic(self.path / METRICS, run_dir / METRICS)
+        samples = run_dir / SAMPLES
+        if samples.is_file():
+            kept = [line for line, record in json_lines(samples) if record["step"] <= self.state.step]
+            staging = samples.with_name(f".{samples.name}.tmp")
+            staging.write_text("".join(kept))
+            os.replace(staging, samples)
+        return [record for _, record in json_lines(run_dir / METRICS)] if (run_dir / METRICS).is_file() else []
+
+    def restore_data(self, prompts: list[Prompt], seed: int) -> tuple[PromptCursor, list[tuple[dict, list[Prompt]]]]:
+        """The data cursor as it was, and the batches drawn but not trained (cursor before the
+        draw, prompts), to be drawn first; CheckpointError when this run's data differ."""
+        cursor = PromptCursor(prompts, seed)
+        try:
+            cursor.restore(self.state.cursor)
+        except ValueError as exc:
+            raise CheckpointError(f"cannot resume from {self.path}: {exc}") from None
+        by_index = {prompt.index: prompt for prompt in prompts}
+        batches = []
+        for batch in self.state.in_flight:
+            missing = [index for index in batch["prompts"] if index not in by_index]
+            if missing:
+                raise CheckpointError(f"cannot resume from {self.path}: its next batches hold rows {missing[:5]}, "
+                                      "which this run's training data do not have")
+            batches.append((batch["cursor"], [by_index[index] for index in batch["prompts"]]))
+        return cursor, batches
+
+
+def json_lines(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """The complete JSON lines of a file, each with its record; a torn last line is left out."""
+    lines = []
+    for line in path.read_text().splitlines(keepends=True):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if line.endswith("\n"):
+            lines.append((line, record))
+    return lines
 
 
 def step_dir(run_dir: Path, step: int) -> Path:
@@ -152,6 +206,25 @@ def save_checkpoint(run_dir: Path, state: TrainerState, config: Config,
     return target
 
 
+def check_shared_storage(run_dir: Path, write: Callable[[Path, str], None]) -> None:
+    """CheckpointError unless what `write(path, text)` writes (the learner, on its node) is
+    here for the driver to read: the learner writes its share of every checkpoint itself, so
+    RUN_DIR must be storage both see. Asked once before step 1, not found at the first save."""
+    folder = run_dir / CHECKPOINTS
+    folder.mkdir(parents=True, exist_ok=True)
+    token = os.urandom(8).hex()
+    probe = folder / f".probe-{token}"
+    write(probe, token)
+    try:
+        seen = probe.read_text() if probe.is_file() else None
+    finally:
+        probe.unlink(missing_ok=True)
+    if seen != token:
+        raise CheckpointError(f"the learner cannot write checkpoints where the driver reads them: a file it wrote "
+                              f"to {probe} is not there for the driver; put trainer.output_dir on storage that the "
+                              "learner's node and the driver's share")
+
+
 def write_manifest(folder: Path) -> None:
     """Flush every file to disk, then write COMPLETE listing them with their sizes."""
     sizes = {}
@@ -205,6 +278,15 @@ def find_run(output_dir: Path) -> Path:
     if not candidates:
         raise CheckpointError(f"--resume auto: no run in {output_dir} has a complete checkpoint")
     return max(candidates)[1]
+
+
+def resume_hint(run_dir: Path) -> str:
+    """Where a run that stopped can continue from, and the exact command, in words."""
+    found = [path for path in checkpoints(run_dir) if is_complete(path)]
+    if not found:
+        return "no checkpoint was saved yet: start the run again"
+    step = int(found[-1].name[len(PREFIX):])
+    return f"the last checkpoint is {found[-1]} (step {step}); resume with: python -m grpo_dist.launch --resume {run_dir}"
 
 
 def resume_checkpoint(run_dir: Path) -> Checkpoint:

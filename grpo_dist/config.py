@@ -377,11 +377,13 @@ class TrainerConfig(Section):
     run_name: str | None = Field(None, description="the run directory's name; null: the start time")
     save_final: bool = Field(True, description="save the final policy to RUN_DIR/final (atomically)")
     checkpoint_every: int = Field(
-        50, ge=0, description="save a resumable checkpoint every N steps (0: only at the end and on SIGINT/SIGTERM)"
+        50, ge=0, description="save a resumable checkpoint every N steps, and always after the last step and on "
+        "SIGINT/SIGTERM (0: only then); --resume continues from the newest"
     )
     keep_checkpoints: int = Field(2, ge=1, description="keep the newest N checkpoints in RUN_DIR/checkpoints")
     max_bad_steps: int = Field(
-        3, ge=1, description="stop the run after N steps in a row whose loss or gradient was not finite (each skipped)"
+        3, ge=1, description="stop the run (exit 1, after a checkpoint) after N steps in a row whose loss or gradient "
+        "was not finite: each is skipped, the weights stay the last good ones"
     )
     verify_weight_sync: bool = Field(True, description="check every rollout worker's weight checksum each step")
     weight_sync: Literal["auto", "object_store", "nccl"] = Field(
@@ -419,7 +421,15 @@ class ClusterConfig(Section):
     )
     num_cpus: int | None = Field(None, ge=1, description="CPUs of a locally started cluster")
     namespace: str = Field("grpo_dist", description="Ray namespace of the run's actors")
-    actor_start_timeout_s: float = Field(600.0, gt=0, description="give up when actors cannot be placed")
+    actor_start_timeout_s: float = Field(
+        600.0, gt=0, description="give up when actors cannot be placed, or when a restarted actor is not back "
+        "within this time"
+    )
+    max_restarts: int = Field(
+        3, ge=0, description="times Ray restarts each rollout and reward actor whose process died; its calls in "
+        "flight are sent again, a rollout worker gets the current weights first (docs/checkpoints.md); the learner "
+        "is never restarted"
+    )
 
 
 class Config(Section):

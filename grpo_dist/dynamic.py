@@ -84,7 +84,8 @@ class DynamicSampling:
         while kept < self.target and len(rounds) < self.max_rounds:
             generated = sum(part.groups for part, _ in rounds)
             prompts = self.draw(round_size(self.target - kept, kept, generated, self.target))
-            more = self.pipeline.submit(batch.step, prompts, batch.chunks[0].sampling, after=rounds[-1][0])
+            more = self.pipeline.submit(batch.step, prompts, batch.chunks[0].sampling, learner_version,
+                                        after=rounds[-1][0])
             rounds.append((more, self.pipeline.collect(more, learner_version)))
             kept += int(count(rounds[-1][1], "informative"))
         whole = self.pipeline.combine(rounds, learner_version)

@@ -175,7 +175,12 @@ def start_actors(config: Config) -> tuple[list[Any], list[Any]]:
                 for index in range(rollout.num_workers)]
     rewards = [ray.remote(RewardWorker).options(num_cpus=reward.num_cpus, num_gpus=reward.num_gpus)
                .remote(effective_reward(config)) for _ in range(reward.num_workers)]
-    ray.get([actor.__ray_ready__.remote() for actor in [*rollouts, *rewards]])
+    from grpo_dist.pipeline import fetch
+
+    names = [f"rollout worker {i}: start" for i in range(len(rollouts))]
+    names += [f"reward actor {i}: start" for i in range(len(rewards))]
+    fetch([actor.__ray_ready__.remote() for actor in [*rollouts, *rewards]], names,
+          config.cluster.actor_start_timeout_s)
     return rollouts, rewards
 
 
@@ -209,16 +214,19 @@ def main(argv: list[str] | None = None) -> int:
     connect_ray(config)  # before anything imports ray: it sets how a local cluster starts
     import ray
 
+    from grpo_dist.pipeline import fetch
+
     try:
         rollouts, rewards = start_actors(config)
         metrics = evaluate(rollouts, rewards, prompts, config, ks, args.temperature)
-        engine = ray.get(rollouts[0].describe.remote())["engine"]
+        [described] = fetch([rollouts[0].describe.remote()], ["rollout worker 0: describe"],
+                            config.trainer.call_timeout_s)
     finally:
         ray.shutdown()
     result = {
         "checkpoint": str(model_dir),
         "data": config.data.eval,
-        "engine": engine,
+        "engine": described["engine"],
         "samples_per_prompt": max(ks) if ks else 0,
         "temperature": (args.temperature or config.rollout.temperature) if ks else None,
         "metrics": metrics,

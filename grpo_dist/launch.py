@@ -1,10 +1,13 @@
 """Command line: `python -m grpo_dist.launch [--config FILE] [--resume RUN_DIR|auto] [section.field=value ...]`.
 
 With no arguments it trains the built-in default (configs/default.yaml) on the CPU.
-Exit codes: 0 done; 1 a failed run; 2 the run could not start: an invalid config or dataset, a
-run directory that holds another run, a checkpoint that is incomplete or was made with a config
-that differs in a field that decides what is trained, a Ray address that does not answer.
-Code 2 comes with one message, before any actor starts and before anything is written.
+Exit codes: 0 done; 1 a failed run (one message: what failed, the last checkpoint and the
+command that resumes from it); 2 the run could not start: an invalid config or dataset, a run
+directory that holds another run, a checkpoint that is incomplete, was made with a config that
+differs in a field that decides what is trained, or with other training data, a Ray address
+that does not answer. Code 2 comes with one message, before any actor starts and before
+anything is written. 128 + N: stopped by signal N (SIGINT 130, SIGTERM 143): the first one
+lets the step in progress finish and saves a checkpoint, a second stops at once.
 """
 
 from __future__ import annotations
@@ -12,12 +15,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from grpo_dist.checkpoint import Checkpoint, CheckpointError, check_resume_config, find_run, resume_checkpoint
+from grpo_dist.checkpoint import (Checkpoint, CheckpointError, check_resume_config, find_run, resume_checkpoint,
+                                  resume_hint)
 from grpo_dist.config import Config, ConfigError, dump_config, load_config
 from grpo_dist.data import DataError, prepare_data
 
@@ -193,10 +198,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.print_config:
             print(dump_config(plan.config), end="")
             return 0
-        if plan.checkpoint is not None:  # issue 10, wave 2: Trainer(..., resume=plan.checkpoint)
-            raise StartError(f"{plan.checkpoint.path} is a valid checkpoint, but the trainer cannot resume yet")
-        check_new_run_dir(plan.run_dir)
+        if plan.checkpoint is None:
+            check_new_run_dir(plan.run_dir)
         data = prepare_data(plan.config)  # bad data exits here, before Ray starts
+        if plan.checkpoint is not None:  # so does a cursor over other data
+            plan.checkpoint.restore_data(data.train, plan.config.trainer.seed)
         connect_ray(plan.config)
     except (ConfigError, CheckpointError, DataError, StartError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -204,13 +210,24 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
-    from grpo_dist.trainer import Trainer
+    from grpo_dist.trainer import FAILURES, Trainer
 
+    trainer = Trainer(plan.config, plan.run_dir, data=data, resume=plan.checkpoint)
     try:
-        summary = Trainer(plan.config, plan.run_dir, data=data).run()
+        summary = trainer.run()
+    except FAILURES as exc:
+        print(f"error: {exc}; {resume_hint(plan.run_dir)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt as exc:  # a second SIGINT/SIGTERM (or Ctrl-C before the handlers)
+        print(f"stopped: {exc or 'interrupted'}; {resume_hint(plan.run_dir)}", file=sys.stderr)
+        return 128 + (trainer.stop_signal or signal.SIGINT)
     finally:
         ray.shutdown()
     print(json.dumps(summary, indent=2))
+    if trainer.stop_signal is not None:
+        print(f"stopped by {summary['stopped_by']} after step {summary['steps']}; {resume_hint(plan.run_dir)}",
+              file=sys.stderr)
+        return 128 + trainer.stop_signal
     return 0
 
 

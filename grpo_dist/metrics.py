@@ -14,6 +14,7 @@ RUN_DIR/samples.jsonl and to the TensorBoard and wandb sinks.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import resource
@@ -160,12 +161,15 @@ class ConsoleSink:
 
 
 class TensorBoardSink:
-    """Scalars under the metric names, samples as a markdown text summary named "samples"."""
+    """Scalars under the metric names, samples as a markdown text summary named "samples".
 
-    def __init__(self, run_dir: Path) -> None:
+    A resumed run passes `purge_step`, its first step: TensorBoard hides what the run had
+    written for that step and later ones before it stopped (they are redone)."""
+
+    def __init__(self, run_dir: Path, purge_step: int | None = None) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+        self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=purge_step)
 
     def scalars(self, kind: str, step: int, metrics: dict[str, float]) -> None:
         for name, value in metrics.items():
@@ -181,14 +185,17 @@ class TensorBoardSink:
 
 class WandbSink:
     """A wandb run named after the run directory, its files in RUN_DIR/wandb; the mode
-    (online, offline) is wandb's own setting (WANDB_MODE)."""
+    (online, offline) is wandb's own setting (WANDB_MODE). Its id derives from the run
+    directory's path, so a resumed run continues the same wandb run (wandb keeps the values
+    it already had for the steps that are redone)."""
 
     def __init__(self, run_dir: Path, config: Config) -> None:
         import wandb
 
         self.wandb = wandb
+        run_id = hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:16]
         self.run = wandb.init(project=config.trainer.wandb_project, name=run_dir.name, dir=str(run_dir),
-                              config=config.model_dump(mode="json"))
+                              config=config.model_dump(mode="json"), id=run_id, resume="allow")
 
     def scalars(self, kind: str, step: int, metrics: dict[str, float]) -> None:
         self.run.log(metrics, step=step)
@@ -206,13 +213,15 @@ class WandbSink:
 class MetricsLog:
     """The one object the trainer logs through: it fans every call out to the configured sinks."""
 
-    def __init__(self, run_dir: Path, config: Config, started: float | None = None) -> None:
+    def __init__(self, run_dir: Path, config: Config, started: float | None = None,
+                 resumed_after: int | None = None) -> None:
+        """`resumed_after`: the checkpoint's step when the run resumes (its logs go on from there)."""
         trainer = config.trainer
         self.config = config
         self.console = ConsoleSink(trainer.steps, trainer.progress)
         self.sinks: list[Sink] = [self.console, JsonlSink(run_dir, started or time.time())]
         if "tensorboard" in trainer.loggers:
-            self.sinks.append(TensorBoardSink(run_dir))
+            self.sinks.append(TensorBoardSink(run_dir, None if resumed_after is None else resumed_after + 1))
         if "wandb" in trainer.loggers:
             self.sinks.append(WandbSink(run_dir, config))
 

@@ -15,11 +15,18 @@ store of their node (docs/async.md has the driver's memory, measured).
 Versions. A Ray actor runs the calls one driver submits in the order it submitted them. The
 controller submits the push of weights version v before the chunks that v should sample, so
 each engine takes new weights between two of its calls, and every chunk, one engine call,
-is sampled by one version. The staleness of a batch is thus decided when it is submitted;
-`collect` checks it all the same against the version each engine reports: a chunk more than
-`max_staleness` versions behind the learner is dropped and generated again, same prompts and
-seeds, on the next worker (`rollout/dropped_stale` counts its groups). A chunk is the unit
-that can be sent again to any worker (`launch`).
+is sampled by one version: the chunk's `version`, recorded when it is submitted. The
+staleness of a batch is thus decided when it is submitted, within `max_staleness`.
+
+Failures (restarts.py). `collect` checks every chunk against what its engine reports. A
+chunk sampled by a version other than its own (a worker that died and was restarted, with
+the initial weights, between two calls) is dropped (`rollout/dropped_stale` counts its
+groups); a chunk whose generate call failed (its worker died) is lost. Either way the
+controller gives that worker the current weights (`revive`), and the chunk is generated
+again there, same prompts and seeds, sampled by the current version (`rollout/retries`). A
+chunk whose scoring failed (its reward actor died) is scored again (`reward/retries`). A
+chunk is the unit that can be sent again to any worker (`launch`); one sent again more than
+`max_retries` times stops the run.
 
 Every wait is bounded by `trainer.call_timeout_s`; running past it raises CallTimeout, which
 names the actor and the stage that did not finish.
@@ -31,13 +38,14 @@ continues a step's prompt positions, and `combine` makes one batch of the rounds
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import ray
 
 from grpo_dist.chunk_stats import batch_metrics
+from grpo_dist.restarts import ActorLost
 from grpo_dist.seeding import prompt_seed
 from grpo_dist.types import Prompt, SamplingSettings
 
@@ -53,8 +61,8 @@ class CallTimeout(TimeoutError):
     """An actor call ran past `trainer.call_timeout_s`; the message names the actor and the stage."""
 
 
-class StaleRollout(RuntimeError):
-    """A chunk was sampled by weights too old to train on, and again after it was sent elsewhere."""
+class ChunkFailed(RuntimeError):
+    """A chunk was lost, or sampled by the wrong weights, more often than `max_retries`."""
 
 
 def split(items: list[T], parts: int) -> list[list[T]]:
@@ -68,15 +76,37 @@ def split(items: list[T], parts: int) -> list[list[T]]:
     return chunks
 
 
-def fetch(refs: list[ray.ObjectRef], names: list[str], timeout_s: float) -> list[Any]:
-    """The values of `refs`, waiting at most `timeout_s` for all of them; `names[i]` says which
+def wait_all(refs: list[ray.ObjectRef], names: list[str], timeout_s: float) -> None:
+    """Wait at most `timeout_s` until every ref is done (or failed); `names[i]` says which
     actor computes `refs[i]` at which stage, for the CallTimeout message."""
     _, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout_s, fetch_local=False)
     if pending:
         late = set(pending)
         where = "; ".join(dict.fromkeys(name for ref, name in zip(refs, names) if ref in late))
         raise CallTimeout(f"{where}: not done after {timeout_s:g} s (trainer.call_timeout_s)")
+
+
+def fetch(refs: list[ray.ObjectRef], names: list[str], timeout_s: float) -> list[Any]:
+    """The values of `refs`, waiting at most `timeout_s` for all of them (see `wait_all`)."""
+    wait_all(refs, names, timeout_s)
     return ray.get(refs)
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of an error's message (Ray's run to dozens of lines)."""
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
+def fetch_each(refs: list[ray.ObjectRef], names: list[str], timeout_s: float) -> list[Any]:
+    """`fetch`, except that a call whose actor died gives its ActorLost error in its place."""
+    wait_all(refs, names, timeout_s)
+    values = []
+    for ref in refs:
+        try:
+            values.append(ray.get(ref))
+        except ActorLost as lost:
+            values.append(lost)
+    return values
 
 
 @dataclass
@@ -90,10 +120,13 @@ class Chunk:
     seeds: list[int]
     sampling: SamplingSettings
     reward: int
+    version: int  # the policy version it must be sampled by: the last one pushed before it
     worker: int = -1
+    generated: ray.ObjectRef | None = None  # generate_chunk's groups, unscored
     info: ray.ObjectRef | None = None  # generate_chunk's: policy version, timing
     groups: ray.ObjectRef | None = None  # the scored groups
     stats: ray.ObjectRef | None = None  # score_chunk's: sums, failures, timing
+    retries: int = 0
 
     def stage_names(self) -> list[str]:
         where = f"chunk {self.index} of step {self.step}"
@@ -108,11 +141,16 @@ class Batch:
 
     step: int
     chunks: list[Chunk]
+    drawn_at: dict[str, int] | None = None  # the data cursor before its prompts were drawn (the trainer's)
     first_position: int = 0
 
     @property
     def groups(self) -> int:
         return sum(len(chunk.prompts) for chunk in self.chunks)
+
+    @property
+    def prompts(self) -> list[Prompt]:
+        return [prompt for chunk in self.chunks for prompt in chunk.prompts]
 
     @property
     def end(self) -> int:
@@ -134,23 +172,31 @@ class Collected:
 
 
 class RolloutPipeline:
-    """Submits chunks to the rollout and reward actors and collects what the driver needs."""
+    """Submits chunks to the rollout and reward actors and collects what the driver needs.
+
+    `revive(role, index)` is the controller's answer to a lost or wrongly sampled chunk: it
+    makes rollout worker `index` serve the current weights (its push queued before anything
+    sent after it) and returns that version, or checks that reward actor `index` is coming
+    back. `counters` gets `rollout/retries` and `reward/retries` added up.
+    """
 
     def __init__(self, rollouts: list[Any], rewards: list[Any], *, seed: int, chunk_prompts: int,
-                 max_staleness: int, timeout_s: float, informative_only: bool = False) -> None:
+                 max_staleness: int, timeout_s: float, revive: Callable[[str, int], int], max_retries: int,
+                 counters: dict[str, float], informative_only: bool = False) -> None:
         """`informative_only` (dynamic sampling): the reward actors pass on only the groups
         whose rewards are not all equal, and count them in their stats (dynamic.py)."""
         self.rollouts, self.rewards = rollouts, rewards
         self.seed, self.chunk_prompts = seed, chunk_prompts
         self.max_staleness, self.timeout_s = max_staleness, timeout_s
+        self.revive, self.max_retries, self.counters = revive, max_retries, counters
         self.informative_only = informative_only
 
-    def submit(self, step: int, prompts: list[Prompt], sampling: SamplingSettings, after: Batch | None = None
-               ) -> Batch:
+    def submit(self, step: int, prompts: list[Prompt], sampling: SamplingSettings, version: int,
+               after: Batch | None = None) -> Batch:
         """Split the prompts over the workers (contiguous shares), each share into chunks of
-        `chunk_prompts`, and launch them all; prompt i samples with prompt_seed(seed, step, i).
-        `after`, an earlier round of the same step (dynamic sampling): the positions and the
-        chunk numbers continue after its."""
+        `chunk_prompts`, and launch them all, to be sampled by policy `version` (the last one
+        pushed); prompt i samples with prompt_seed(seed, step, i). `after`, an earlier round of
+        the same step (dynamic sampling): the positions and the chunk numbers continue after its."""
         size = self.chunk_prompts
         first, first_chunk = (after.end, after.chunks[-1].index + 1) if after else (0, 0)
         seeds = [prompt_seed(self.seed, step, first + position) for position in range(len(prompts))]
@@ -158,7 +204,7 @@ class RolloutPipeline:
                 for worker, share in enumerate(split(list(range(len(prompts))), len(self.rollouts)))
                 for round_, start in enumerate(range(0, len(share), size))]
         chunks = [Chunk(step, first_chunk + index, [prompts[p] for p in positions], [seeds[p] for p in positions],
-                        sampling, reward=0)
+                        sampling, reward=0, version=version)
                   for index, (_, _, positions) in enumerate(plan)]
         # Launch round by round over the workers, so that a reward actor's queue, which it
         # works through in order, follows the order in which chunks finish generating.
@@ -166,41 +212,76 @@ class RolloutPipeline:
         for launched, index in enumerate(order):
             chunks[index].reward = launched % len(self.rewards)
             self.launch(chunks[index], worker=plan[index][1])
-        return Batch(step, chunks, first)
+        return Batch(step, chunks, first_position=first)
 
     def launch(self, chunk: Chunk, worker: int) -> None:
         """Send the chunk to rollout worker `worker`, and its groups on to its reward actor."""
         chunk.worker = worker
-        generated, chunk.info = self.rollouts[worker].generate_chunk.options(num_returns=2).remote(
+        chunk.generated, chunk.info = self.rollouts[worker].generate_chunk.options(num_returns=2).remote(
             chunk.prompts, chunk.sampling, chunk.seeds)
-        chunk.groups, chunk.stats = self.rewards[chunk.reward].score_chunk.options(num_returns=2).remote(
-            generated, self.informative_only)
+        self.score(chunk)
 
-    def wait(self, chunks: list[Chunk]) -> tuple[list[dict[str, float]], list[dict[str, float]]]:
-        """Every chunk's generation info, then its scoring stats (small), in chunk order; a
-        timeout names the first stage that did not finish."""
-        infos = fetch([c.info for c in chunks], [c.stage_names()[0] for c in chunks], self.timeout_s)
-        stats = fetch([c.stats for c in chunks], [c.stage_names()[1] for c in chunks], self.timeout_s)
-        return infos, stats
+    def score(self, chunk: Chunk) -> None:
+        chunk.groups, chunk.stats = self.rewards[chunk.reward].score_chunk.options(num_returns=2).remote(
+            chunk.generated, self.informative_only)
+
+    def wait(self, chunks: list[Chunk]) -> tuple[list[dict[str, float]], list[dict[str, float]], int]:
+        """Every chunk's generation info, then its scoring stats (small), in chunk order, and
+        the groups dropped for being sampled by the wrong weights. A timeout names the first
+        stage that did not finish."""
+        infos, dropped = self.generated(chunks)
+        return infos, self.scored(chunks), dropped
+
+    def generated(self, chunks: list[Chunk]) -> tuple[list[dict[str, float]], int]:
+        """Each chunk's generation info, once it is sampled by its version: lost and wrongly
+        sampled chunks are generated again by their worker, revived first."""
+        infos: list[Any] = [None] * len(chunks)
+        dropped, pending = 0, list(range(len(chunks)))
+        while pending:
+            names = [chunks[i].stage_names()[0] for i in pending]
+            again = []
+            for i, info in zip(pending, fetch_each([chunks[i].info for i in pending], names, self.timeout_s)):
+                infos[i] = info
+                if isinstance(info, ActorLost):
+                    again.append((i, first_line(info)))
+                elif info["policy_version"] != chunks[i].version:
+                    dropped += len(chunks[i].prompts)
+                    again.append((i, f"sampled by policy version {info['policy_version']:.0f}, not {chunks[i].version}"))
+            current = {worker: self.revive("rollout", worker) for worker in sorted({chunks[i].worker for i, _ in again})}
+            for i, why in again:
+                self.count_retry(chunks[i], "rollout", why)
+                chunks[i].version = current[chunks[i].worker]
+                self.launch(chunks[i], chunks[i].worker)
+            pending = [i for i, _ in again]
+        return infos, dropped
+
+    def scored(self, chunks: list[Chunk]) -> list[dict[str, float]]:
+        """Each chunk's scoring stats; a chunk whose reward actor died is scored again there."""
+        stats: list[Any] = [None] * len(chunks)
+        pending = list(range(len(chunks)))
+        while pending:
+            names = [chunks[i].stage_names()[1] for i in pending]
+            for i, stat in zip(pending, fetch_each([chunks[i].stats for i in pending], names, self.timeout_s)):
+                stats[i] = stat
+            pending = [i for i in pending if isinstance(stats[i], ActorLost)]
+            for reward in sorted({chunks[i].reward for i in pending}):
+                self.revive("reward", reward)
+            for i in pending:
+                self.count_retry(chunks[i], "reward", first_line(stats[i]))
+                self.score(chunks[i])
+        return stats
+
+    def count_retry(self, chunk: Chunk, role: str, why: str) -> None:
+        """Count one more attempt of `chunk` in `<role>/retries`; ChunkFailed past max_retries."""
+        chunk.retries += 1
+        if chunk.retries > self.max_retries:
+            stage = chunk.stage_names()[role == "reward"]
+            raise ChunkFailed(f"{stage}: gave up after {self.max_retries} retries: {why}")
+        self.counters[f"{role}/retries"] = self.counters.get(f"{role}/retries", 0.0) + 1
 
     def collect(self, batch: Batch, learner_version: int) -> Collected:
-        """Wait until the batch is scored; chunks sampled more than max_staleness versions
-        before `learner_version` are generated again on another worker first."""
-        infos, stats = self.wait(batch.chunks)
-        stale = [i for i, info in enumerate(infos) if learner_version - info["policy_version"] > self.max_staleness]
-        for index in stale:
-            chunk = batch.chunks[index]
-            self.launch(chunk, worker=(chunk.worker + 1) % len(self.rollouts))
-        if stale:
-            again = self.wait([batch.chunks[index] for index in stale])
-            for index, info, stat in zip(stale, *again):
-                if learner_version - info["policy_version"] > self.max_staleness:
-                    raise StaleRollout(
-                        f"chunk {index} of step {batch.step} was sampled by policy version "
-                        f"{info['policy_version']:.0f} on rollout worker {batch.chunks[index].worker} too, with the "
-                        f"learner at {learner_version} (trainer.max_staleness={self.max_staleness})")
-                infos[index], stats[index] = info, stat
-        dropped = sum(len(batch.chunks[index].prompts) for index in stale)
+        """Wait until the batch is scored, sending lost and wrongly sampled chunks again."""
+        infos, stats, dropped = self.wait(batch.chunks)
         return self.collected(batch, infos, stats, learner_version, dropped)
 
     def combine(self, rounds: list[tuple[Batch, Collected]], learner_version: int) -> Collected:

@@ -14,6 +14,16 @@ so batch t is sampled by version t - k - 1 (0 for the first k + 1 batches) and t
 version t - 1: never more than k versions old. The driver holds references and metrics; the
 actors do the generation, scoring and training.
 
+Checkpoints and failures (docs/checkpoints.md). After step t is complete (trained, its
+metrics logged) the controller saves a checkpoint (checkpoint.py) every
+`trainer.checkpoint_every` steps, after the last step, on an early stop, and when SIGINT or
+SIGTERM asks it to stop (signals.py); the learner is idle then, so its share is that of step
+t. A resumed run restores the data cursor and the batches drawn but not trained, then the
+learner's state, and pushes the checkpoint's weights to every engine, verified, before
+anything is generated. Rollout and reward actors whose process dies are restarted by Ray and
+caught up (restarts.py, pipeline.py); a learner that dies ends the run (LearnerLost). Every
+wait is bounded (trainer.call_timeout_s, trainer.weight_sync_timeout_s).
+
 With algo.dynamic_sampling, collecting batch t may add rounds of prompts until it holds
 prompts_per_step informative groups (dynamic.py); they are sampled by the newest version pushed.
 A step that finds none trains on nothing: the version stays and no weights are pushed, so from
@@ -22,6 +32,10 @@ then on versions run behind step numbers, and the staleness rule still holds.
 
 from __future__ import annotations
 
+import itertools
+import math
+import signal
+import sys
 import time
 from collections import deque
 from collections.abc import Callable
@@ -32,20 +46,43 @@ from typing import Any
 import ray
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 
+from grpo_dist.checkpoint import Checkpoint, CheckpointError, TrainerState, check_shared_storage, save_checkpoint
 from grpo_dist.config import Config, dump_config, effective_reward
 from grpo_dist.data import PreparedData, PromptCursor, prepare_data
 from grpo_dist.dynamic import DynamicSampling
 from grpo_dist.eval import evaluate, standard_error
 from grpo_dist.learner.group import start_learner
 from grpo_dist.metrics import MetricsLog, write_json_atomic
-from grpo_dist.pipeline import BY_REFERENCE, Batch, RolloutPipeline, fetch
+from grpo_dist.pipeline import BY_REFERENCE, Batch, CallTimeout, ChunkFailed, RolloutPipeline, fetch, fetch_each, first_line
 from grpo_dist.placement import create_placement_group, roles, unplaced
 from grpo_dist.report import write_report
+from grpo_dist.restarts import ActorGone, ActorLost, Restarts, actor_state
 from grpo_dist.reward.worker import RewardWorker
 from grpo_dist.rollout.sampling import sampling_settings
 from grpo_dist.rollout.worker import RolloutWorker
+from grpo_dist.signals import stop_on_signals
 from grpo_dist.types import Group, Prompt, SamplingSettings
 from grpo_dist.weights import WeightSync, WeightSyncError, make_weight_sync
+
+# Run totals kept in `Trainer.counters` (and checkpoints); each step logs what it added.
+RESTART_COUNTERS = ("rollout/restarts", "rollout/retries", "reward/restarts", "reward/retries")
+BAD_STEPS = "bad_steps_in_a_row"
+
+
+class RunFailed(RuntimeError):
+    """The run cannot go on; the message says why (launch adds where to resume from; exit 1)."""
+
+
+class LearnerLost(RunFailed):
+    """The learner's process died: its state is gone, so the run ends (the learner is never restarted)."""
+
+
+class TooManyBadSteps(RunFailed):
+    """trainer.max_bad_steps steps in a row had a non-finite loss or gradient."""
+
+
+# What ends a run with a message and exit code 1 (launch.py).
+FAILURES = (RunFailed, CallTimeout, ChunkFailed, ActorGone, WeightSyncError)
 
 
 @dataclass
@@ -63,8 +100,11 @@ class Actors:
 
         def options(name: str, index: int) -> dict:
             role, group = placed[name]
-            by_reference = {"runtime_env": BY_REFERENCE} if name in ("rollout", "reward") else {}
-            return {**role.actor_options(group, index), **by_reference}
+            # Rollout and reward actors come back after their process dies, but Ray never
+            # runs one of their calls again by itself (restarts.py says why).
+            restarted = {"runtime_env": BY_REFERENCE, "max_restarts": config.cluster.max_restarts,
+                         "max_task_retries": 0}
+            return {**role.actor_options(group, index), **(restarted if name in ("rollout", "reward") else {})}
 
         rollout_cls, reward_cls = ray.remote(RolloutWorker), ray.remote(RewardWorker)
         reward = effective_reward(config)
@@ -107,8 +147,10 @@ class Actors:
 class Trainer:
     """Runs GRPO for `config.trainer.steps` steps and writes the run directory."""
 
-    def __init__(self, config: Config, run_dir: Path, data: PreparedData | None = None) -> None:
-        """`data`: the prompts launch prepared before Ray started; prepared here when not given."""
+    def __init__(self, config: Config, run_dir: Path, data: PreparedData | None = None,
+                 resume: Checkpoint | None = None) -> None:
+        """`data`: the prompts launch prepared before Ray started; prepared here when not given.
+        `resume`: the checkpoint to continue from (CheckpointError when this run's data differ)."""
         self.config = config
         self.run_dir = run_dir
         data = data if data is not None else prepare_data(config)
@@ -120,14 +162,29 @@ class Trainer:
         self.actors: Actors | None = None
         self.sync: WeightSync | None = None
         self.pipeline: RolloutPipeline | None = None
+        self.restarts: Restarts | None = None
         # collect(batch, version): the pipeline's, or dynamic sampling's rounds on top of it (dynamic.py)
         self.collector: RolloutPipeline | DynamicSampling | None = None
         self.version = 0  # the learner's policy version
+        self.counters = {name: 0.0 for name in (*RESTART_COUNTERS, BAD_STEPS)}  # run totals
+        self.resume = resume
+        self.redraw: deque[tuple[dict[str, int], list[Prompt]]] = deque()  # drawn, not trained: go first
+        if resume is not None:
+            self.cursor, batches = resume.restore_data(self.train_prompts, trainer.seed)
+            self.redraw.extend(batches)
+            self.version = resume.state.policy_version
+            self.counters.update(resume.state.counters)
+        self.first_step = 1 if resume is None else resume.state.step + 1
         self.in_flight: deque[Batch] = deque()  # submitted batches not yet handed to the learner
-        self.submitted = 0  # the last step whose batch was submitted
-        self.unverified: deque[tuple[int, list[ray.ObjectRef], ray.ObjectRef]] = deque()
+        self.submitted = self.first_step - 1  # the last step whose batch was submitted
+        self.pushes = 0  # weight pushes so far, regular and repairs: the serial number of the last
+        self.unverified: deque[tuple[int, int, dict[int, ray.ObjectRef], ray.ObjectRef]] = deque()
+        self.repaired: dict[int, int] = {}  # rollout worker -> serial of the push that last repaired it
         self.last_groups: list[ray.ObjectRef] = []  # the latest batch, by reference (for sample logs)
         self.step_clock: float | None = None  # when the current step began (the previous one ended)
+        self.current_step = 0  # the step in progress, or the last one done (error messages)
+        self.stop_signal: int | None = None  # the first SIGINT/SIGTERM received
+        self.saved: tuple[int, Path] | None = None  # the step and path of the latest checkpoint
 
     def start(self, weight_sync: Callable[[Config, Any, list[Any]], WeightSync] = make_weight_sync) -> None:
         """Start the actors, the weight transport (`trainer.weight_sync`, built by `weight_sync`)
@@ -140,10 +197,13 @@ class Trainer:
             self.stop()
             raise
         algo = self.config.algo
+        self.restarts = Restarts({"rollout": self.actors.rollouts, "reward": self.actors.rewards}, self.counters,
+                                 self.config.cluster.max_restarts)
         self.pipeline = RolloutPipeline(self.actors.rollouts, self.actors.rewards, seed=self.config.trainer.seed,
                                         chunk_prompts=self.config.rollout.chunk_prompts,
                                         max_staleness=self.max_staleness, timeout_s=self.config.trainer.call_timeout_s,
-                                        informative_only=algo.dynamic_sampling)
+                                        revive=self.revive, max_retries=self.config.cluster.max_restarts + 1,
+                                        counters=self.counters, informative_only=algo.dynamic_sampling)
         if algo.dynamic_sampling:
             self.collector = DynamicSampling(self.pipeline, self.cursor.next_batch, self.config.rollout.prompts_per_step,
                                              algo.dynamic_sampling_max_rounds)
@@ -157,23 +217,34 @@ class Trainer:
             self.actors.stop()
 
     def run(self) -> dict[str, Any]:
+        """Train, evaluate and save; the summary says `stopped_by` when a signal stopped the run."""
         started = time.time()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(dump_config(self.config))
-        log = MetricsLog(self.run_dir, self.config, started)
-        self.start()
-        try:
-            engines = sorted({d["engine"] for d in self.call([w.describe.remote() for w in self.actors.rollouts],
-                                                             "rollout workers: describe")})
-            self.verify_weights()
-            before = self.evaluate(step=0, log=log)
-            steps = self.train(log, started)
-            after = self.evaluate(step=steps, log=log)
-            if self.config.trainer.save_final:
-                self.call([self.actors.learner.save.remote(str(self.run_dir / "final"))], "learner: save")
-        finally:
-            log.close()
-            self.stop()
+        records = self.resume.restore_metrics(self.run_dir) if self.resume is not None else []
+        started -= records[-1]["wall_s"] if records else 0.0  # wall_s goes on from where the run was
+        before = next((r["eval/accuracy"] for r in records if r["kind"] == "eval" and r["step"] == 0), math.nan)
+        log = MetricsLog(self.run_dir, self.config, started, None if self.resume is None else self.first_step - 1)
+        with stop_on_signals(self.request_stop):
+            self.start()
+            try:
+                engines = sorted({d["engine"] for d in self.call([w.describe.remote() for w in self.actors.rollouts],
+                                                                 "rollout workers: describe")})
+                self.check_shared_storage()
+                if self.resume is None:
+                    self.verify_weights()
+                    before = self.evaluate(step=0, log=log)
+                else:
+                    self.restore_learner()
+                steps = self.train(log, started)
+                after = math.nan
+                if self.stop_signal is None:
+                    after = self.evaluate(step=steps, log=log)
+                    if self.config.trainer.save_final:
+                        self.learner_call(self.actors.learner.save.remote(str(self.run_dir / "final")), "save")
+            finally:
+                log.close()
+                self.stop()
         write_report(self.run_dir)
         summary = {
             "eval_accuracy_before": before,
@@ -184,16 +255,30 @@ class Trainer:
             "mode": self.config.trainer.mode,
             "max_staleness": self.max_staleness,
             "rollout_engine": ",".join(engines),
+            "resumed_from_step": None if self.resume is None else self.first_step - 1,
+            **{name.replace("/", "_"): int(self.counters[name]) for name in RESTART_COUNTERS},
+            "checkpoint": None if self.saved is None else str(self.saved[1]),
             "wall_seconds": round(time.time() - started, 1),
             "run_dir": str(self.run_dir),
         }
+        if self.stop_signal is not None:
+            summary["stopped_by"] = signal.Signals(self.stop_signal).name
         write_json_atomic(self.run_dir / "summary.json", summary)
         return summary
 
+    def request_stop(self, signum: int) -> None:
+        """The first SIGINT/SIGTERM: finish the step in progress, save a checkpoint, return."""
+        self.stop_signal = signum
+        name = signal.Signals(signum).name
+        print(f"{name}: finishing the step in progress, then saving a checkpoint (send {name} again to stop now)",
+              file=sys.stderr, flush=True)
+
     def train(self, log: MetricsLog, started: float) -> int:
+        """Steps first_step..trainer.steps, or until a stop; returns the last step done."""
         trainer = self.config.trainer
-        step = 0
-        for step in range(1, trainer.steps + 1):
+        step = self.first_step - 1
+        while step < trainer.steps and self.stop_signal is None:
+            step += 1
             metrics = self.step(step)
             log.log(step, metrics)
             if metrics.get("rollout/dynamic_groups") == 0:
@@ -204,9 +289,23 @@ class Trainer:
             if trainer.eval_every and step % trainer.eval_every == 0 and step < trainer.steps:
                 self.evaluate(step, log)
                 self.step_clock = time.perf_counter()  # a step's time leaves the evaluation out
-            if trainer.max_wall_seconds and time.time() - started > trainer.max_wall_seconds:
+            self.counters[BAD_STEPS] = self.counters[BAD_STEPS] + 1 if metrics.get("policy/step_skipped") else 0
+            out_of_time = bool(trainer.max_wall_seconds) and time.time() - started > trainer.max_wall_seconds
+            bad = self.counters[BAD_STEPS] >= trainer.max_bad_steps
+            every = trainer.checkpoint_every and step % trainer.checkpoint_every == 0
+            if every or step == trainer.steps or out_of_time or bad or self.stop_signal is not None:
+                self.save(step)
+            if bad:
+                raise TooManyBadSteps(
+                    f"steps {step - trainer.max_bad_steps + 1}-{step} had a loss or gradient that is not finite "
+                    f"(trainer.max_bad_steps={trainer.max_bad_steps} in a row; each was skipped); the last good "
+                    f"weights are in {self.saved[1] / 'policy'}: start from them (model.path) with a lower algo.lr "
+                    "or algo.max_grad_norm")
+            if out_of_time:
                 log.note(f"stopping after {step} steps: max_wall_seconds={trainer.max_wall_seconds} reached")
                 break
+        if self.stop_signal is not None:
+            log.note(f"stopped by {signal.Signals(self.stop_signal).name} after step {step}")
         self.discard_in_flight()
         self.verify_pushed(self.version)
         return step
@@ -215,7 +314,10 @@ class Trainer:
         """One GRPO step: hand batch `step` to the learner, push the new weights, submit the
         batch `max_staleness + 1` steps ahead; returns the step's metrics."""
         assert self.pipeline is not None and self.actors is not None
+        self.current_step = step
         self.step_clock = self.step_clock or time.perf_counter()
+        counted = {name: self.counters[name] for name in RESTART_COUNTERS}
+        self.catch_up()
         self.fill(step + self.max_staleness)  # (only the first step has anything to fill here)
         batch = self.in_flight.popleft()
         collected = self.collector.collect(batch, self.version)
@@ -228,7 +330,7 @@ class Trainer:
             self.version += 1
             self.push_weights()
         self.fill(step + self.max_staleness + 1)
-        learner_metrics = (self.call([result], f"learner: train_step of step {step}")[0] if result is not None
+        learner_metrics = (self.learner_call(result, "train_step") if result is not None
                            else {"policy/version": float(self.version), "time/learn_s": 0.0})
         now = time.perf_counter()
         step_s, self.step_clock = now - self.step_clock, now
@@ -236,18 +338,27 @@ class Trainer:
         return {
             **collected.metrics,
             **learner_metrics,
+            **{name: self.counters[name] - counted[name] for name in RESTART_COUNTERS},
             "rollout/buffer_depth": depth,
+            "data/epoch": float(batch.drawn_at["epoch"]),
+            "data/position": float(batch.drawn_at["position"]),
             "time/step_s": step_s,
             "time/rollout_idle_fraction": max(0.0, 1.0 - collected.generate_busy_s / (workers * step_s)),
             "time/learner_idle_fraction": max(0.0, 1.0 - learner_metrics["time/learn_s"] / step_s),
         }
 
     def fill(self, last_step: int) -> None:
-        """Submit the batches of steps up to `last_step` (and `trainer.steps`) not yet submitted."""
+        """Submit the batches of steps up to `last_step` (and `trainer.steps`) not yet submitted,
+        to be sampled by the current version; the batches a resume restored go first."""
         while self.submitted < min(last_step, self.config.trainer.steps):
             self.submitted += 1
-            prompts = self.cursor.next_batch(self.config.rollout.prompts_per_step)
-            self.in_flight.append(self.pipeline.submit(self.submitted, prompts, self.sampling))
+            if self.redraw:
+                drawn_at, prompts = self.redraw.popleft()
+            else:
+                drawn_at, prompts = self.cursor.state(), self.cursor.next_batch(self.config.rollout.prompts_per_step)
+            batch = self.pipeline.submit(self.submitted, prompts, self.sampling, self.version)
+            batch.drawn_at = drawn_at
+            self.in_flight.append(batch)
 
     def discard_in_flight(self) -> None:
         """Cancel batches submitted for steps that will not run (an early stop)."""
@@ -258,41 +369,120 @@ class Trainer:
 
     def rollout(self, prompts: list[Prompt], sampling: SamplingSettings, step: int) -> list[Group]:
         """Generate and score `prompts` now and fetch the groups into the driver (tests, tools)."""
-        collected = self.pipeline.collect(self.pipeline.submit(step, prompts, sampling), self.version)
+        collected = self.pipeline.collect(self.pipeline.submit(step, prompts, sampling, self.version), self.version)
         return [group for chunk in self.call(collected.groups, "reward actors: scored groups") for group in chunk]
 
-    def push_weights(self) -> list[ray.ObjectRef]:
+    # ------------------------------------------------------------ checkpoints
+
+    def save(self, step: int) -> None:
+        """A checkpoint of step `step` (once): the learner's share, then the driver's (checkpoint.py)."""
+        if self.saved is not None and self.saved[0] == step:
+            return
+        learner = self.actors.learner
+        state = TrainerState(step=step, policy_version=self.version, cursor=self.cursor.state(),
+                             counters=dict(self.counters),
+                             in_flight=[{"cursor": drawn_at, "prompts": [p.index for p in prompts]}
+                                        for drawn_at, prompts in self.drawn_not_trained()])
+        path = save_checkpoint(self.run_dir, state, self.config,
+                               lambda folder: self.learner_call(learner.save_state.remote(str(folder)), "save_state"),
+                               keep=self.config.trainer.keep_checkpoints)
+        self.saved = (step, path)
+
+    def check_shared_storage(self) -> None:
+        """RunFailed before step 1 when the learner's checkpoint files would not reach RUN_DIR."""
+        learner = self.actors.learner
+        try:
+            check_shared_storage(self.run_dir, lambda path, text: self.learner_call(
+                learner.write_probe.remote(str(path), text), "write_probe"))
+        except CheckpointError as exc:
+            raise RunFailed(str(exc)) from None
+
+    def drawn_not_trained(self) -> list[tuple[dict[str, int], list[Prompt]]]:
+        """The batches drawn from the cursor and not trained yet, in step order."""
+        return [(batch.drawn_at, batch.prompts) for batch in self.in_flight] + list(self.redraw)
+
+    def restore_learner(self) -> None:
+        """A resume: the learner continues from the checkpoint, and every engine serves its
+        weights (verified, whatever trainer.verify_weight_sync says) before anything is generated."""
+        version = self.learner_call(self.actors.learner.load_state.remote(str(self.resume.path)), "load_state")
+        if version != self.version:
+            raise RunFailed(f"{self.resume.path}: the learner's state is policy version {version}, "
+                            f"trainer_state.json says {self.version}")
+        self.sync.push(self.version)
+        self.verify_weights()
+
+    # ------------------------------------------------------------ weights
+
+    def push_weights(self) -> None:
         """Send the learner's weights as `self.version` to every engine, without waiting: each
         takes them after the calls queued before (weights.py: the strategies)."""
         served = self.sync.submit(self.version)
+        self.pushes += 1
         if self.config.trainer.verify_weight_sync:
-            self.unverified.append((self.version, served, self.actors.learner.checksum.remote()))
-        return served
+            self.unverified.append((self.version, self.pushes, dict(enumerate(served)),
+                                    self.actors.learner.checksum.remote()))
 
     def verify_pushed(self, version: int) -> None:
-        """Check the served checksums of every push up to `version`."""
+        """Check the served checksums of every push up to `version`. A worker that died before
+        it took one is revived (unless a later repair already gave it the weights)."""
         while self.unverified and self.unverified[0][0] <= version:
-            pushed, served, expected = self.unverified.popleft()
-            names = [f"rollout worker {index}: load weights version {pushed}" for index in range(len(served))]
-            self.compare(self.call(served, names), self.call([expected], "learner: checksum")[0], pushed)
-
-    def broadcast_weights(self) -> None:
-        """Push the current version to every worker and wait until each serves it."""
-        served = self.push_weights()
-        if self.config.trainer.verify_weight_sync:
-            self.verify_pushed(self.version)
-        else:
-            self.call(served, "rollout workers: load weights")
+            pushed, serial, served, expected = self.unverified.popleft()
+            checksum = self.learner_call(expected, "checksum")
+            names = [f"rollout worker {index}: load weights version {pushed}" for index in served]
+            for index, value in zip(served, fetch_each(list(served.values()), names, self.config.trainer.call_timeout_s)):
+                if isinstance(value, ActorLost):
+                    if self.repaired.get(index, 0) < serial:
+                        self.revive("rollout", index)
+                elif value != checksum:
+                    raise WeightSyncError(f"rollout worker {index} does not serve the learner's weights "
+                                          f"(version {pushed})")
 
     def verify_weights(self) -> None:
         served = self.call([w.checksum.remote() for w in self.actors.rollouts], "rollout workers: checksum")
-        self.compare(served, self.call([self.actors.learner.checksum.remote()], "learner: checksum")[0], self.version)
-
-    @staticmethod
-    def compare(served: list[str | None], expected: str, version: int) -> None:
+        expected = self.learner_call(self.actors.learner.checksum.remote(), "checksum")
         stale = [index for index, checksum in enumerate(served) if checksum != expected]
         if stale:
-            raise WeightSyncError(f"rollout workers {stale} do not serve the learner's weights (version {version})")
+            raise WeightSyncError(f"rollout workers {stale} do not serve the learner's weights (version {self.version})")
+
+    # ------------------------------------------------------------ failures
+
+    def revive(self, role: str, index: int) -> int:
+        """An actor lost a call or sampled with the wrong weights: count a restart Ray made
+        (ActorGone once it gave up), give a rollout worker the current weights (its push
+        queued before anything sent to it after this); returns the current version."""
+        self.check_learner()
+        self.restarts.check(role, index)
+        if role == "rollout":
+            self.repair(index)
+        return self.version
+
+    def repair(self, index: int) -> None:
+        """Push the current weights to rollout worker `index` alone; verified later (verify_pushed)."""
+        [served] = self.sync.repair([index], self.version)
+        self.pushes += 1
+        self.repaired[index] = self.pushes
+        self.unverified.append((self.version, self.pushes, {index: served}, self.actors.learner.checksum.remote()))
+
+    def catch_up(self) -> None:
+        """Rollout workers Ray restarted since the last look (between calls, say) get the current weights."""
+        for role, index in self.restarts.poll():
+            if role == "rollout":
+                self.repair(index)
+
+    def learner_call(self, ref: ray.ObjectRef, stage: str) -> Any:
+        """Wait for one learner call; its death (it is never restarted) is LearnerLost."""
+        try:
+            return self.call([ref], f"learner: {stage}")[0]
+        except ActorLost as lost:
+            raise LearnerLost(f"the learner died during {stage} at step {self.current_step} ({first_line(lost)})"
+                              ) from None
+
+    def check_learner(self) -> None:
+        """LearnerLost when the learner's process is gone: a lost chunk or weight push may be its
+        doing (the weights it was to export never came), and no revival of a rollout worker helps."""
+        state, _ = actor_state(self.actors.learner)
+        if state == "DEAD":
+            raise LearnerLost(f"the learner died at step {self.current_step} (its actor is DEAD)")
 
     def call(self, refs: list[ray.ObjectRef], names: str | list[str]) -> list[Any]:
         """Wait for actor calls, at most trainer.call_timeout_s (pipeline.fetch)."""
@@ -312,9 +502,20 @@ class Trainer:
         """Greedy accuracy on the held-out rows (eval.evaluate, as `python -m grpo_dist.eval` runs it).
 
         Its engine calls queue behind the latest weight push, so it measures version `self.version`.
+        An actor that dies during it is revived and the evaluation runs again.
         """
         if not self.eval_prompts:
             return float("nan")
-        metrics = evaluate(self.actors.rollouts, self.actors.rewards, self.eval_prompts, self.config)
+        for attempt in itertools.count():
+            self.catch_up()
+            try:
+                metrics = evaluate(self.actors.rollouts, self.actors.rewards, self.eval_prompts, self.config)
+                break
+            except ActorLost as lost:
+                where = self.restarts.which(lost)
+                if where is None or attempt >= self.config.cluster.max_restarts:
+                    raise
+                log.note(f"evaluation at step {step}: {first_line(lost)}; evaluating again")
+                self.revive(*where)
         log.log_eval(step, metrics)
         return metrics["eval/accuracy"]

@@ -3,7 +3,9 @@
 Ray titles an actor's worker process `ray::ClassName` (idle) or `ray::ClassName.method`
 (busy). A local cluster is made of descendants of the driver that started it (the test
 process, or a `python -m grpo_dist.launch` subprocess), so searching below that pid finds
-the run's own actors and never another program's.
+the run's own actors and never another program's. A launch subprocess started in a session
+of its own (`start_new_session=True`) holds its whole local cluster in that session, worker
+processes included (they get process groups of their own): `kill_session` ends all of it.
 """
 
 from __future__ import annotations
@@ -78,3 +80,26 @@ def wait_restarted(class_name: str, old_pid: int, root_pid: int | None = None, c
             return pids
         time.sleep(0.2)
     raise TimeoutError(f"ray::{class_name} was not restarted within {timeout_s:.0f} s (old pid {old_pid})")
+
+
+def session_processes(leader: int) -> list[psutil.Process]:
+    """The live processes of the session `leader` started (its own pid is the session id)."""
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if os.getsid(process.pid) == leader:
+                found.append(process)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return found
+
+
+def kill_session(leader: int, timeout_s: float = 30.0) -> None:
+    """kill -9 every process of the session `leader` started (a launch and its local cluster)."""
+    processes = session_processes(leader)
+    for process in processes:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(processes, timeout=timeout_s)

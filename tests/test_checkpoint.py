@@ -15,6 +15,7 @@ from grpo_dist.checkpoint import (
     CheckpointError,
     TrainerState,
     check_resume_config,
+    check_shared_storage,
     checkpoints,
     find_run,
     latest_checkpoint,
@@ -162,3 +163,19 @@ def test_the_cursor_continues_from_its_state():
     assert saved == {"seed": 3, "epoch": 0, "position": 5, "rows": 7} and first != rest[0]
     with pytest.raises(ValueError, match="7 rows with seed 3; this run has 6 rows with seed 3"):
         PromptCursor(rows[:6], seed=3).restore(saved)
+
+
+def test_a_learner_whose_files_do_not_reach_the_driver_is_found_before_step_1(tmp_path):
+    def same_disk(path: Path, text: str) -> None:
+        path.write_text(text)
+
+    def own_disk(path: Path, text: str) -> None:  # another node's local disk, the same path there
+        elsewhere = tmp_path / "other_node" / path.relative_to(tmp_path)
+        elsewhere.parent.mkdir(parents=True, exist_ok=True)
+        elsewhere.write_text(text)
+
+    check_shared_storage(tmp_path / "run", same_disk)
+    assert list((tmp_path / "run" / "checkpoints").iterdir()) == []  # the probe is gone again
+    with pytest.raises(CheckpointError, match=r"the learner cannot write checkpoints where the driver reads them"
+                                              r".*trainer.output_dir"):
+        check_shared_storage(tmp_path / "run", own_disk)

@@ -1,4 +1,4 @@
-"""The rollout pipeline on a real local Ray cluster: versions, staleness, timeouts, the driver's memory.
+"""The rollout pipeline on a real local Ray cluster: versions, the version guard, timeouts, the driver's memory.
 
 Two rollout workers with the transformers engine, one reward actor, the real learner.
 """
@@ -10,7 +10,7 @@ import pytest
 import ray
 
 from conftest import small_config
-from grpo_dist.pipeline import CallTimeout, StaleRollout
+from grpo_dist.pipeline import CallTimeout, ChunkFailed
 from grpo_dist.seeding import prompt_seed
 from grpo_dist.trainer import Trainer
 
@@ -29,13 +29,13 @@ def trainer(ray_cluster, tmp_path_factory):
 
 def relabel(trainer, worker: int, version: int) -> None:
     """Make a worker report `version` while serving the learner's weights (a stand-in for a
-    worker that missed pushes: restarted, say)."""
+    worker that restarted between two calls: tests/test_recovery.py kills one for real)."""
     weights = trainer.actors.learner.export_weights.remote()
     ray.get(trainer.actors.rollouts[worker].load_weights.remote(weights, version))
 
 
 def submit(trainer, prompts: int = 8):
-    return trainer.pipeline.submit(77, trainer.cursor.next_batch(prompts), trainer.sampling)
+    return trainer.pipeline.submit(77, trainer.cursor.next_batch(prompts), trainer.sampling, trainer.version)
 
 
 def test_chunks_alternate_workers_and_every_group_carries_its_version(trainer):
@@ -50,11 +50,26 @@ def test_chunks_alternate_workers_and_every_group_carries_its_version(trainer):
     assert 0 <= collected.metrics["reward/accuracy"] <= 1 and collected.metrics["rollout/dropped_stale"] == 0
 
 
+def test_a_chunk_sampled_by_other_weights_is_generated_again_after_the_current_weights(trainer):
+    relabel(trainer, 1, 0)  # worker 1 now claims version 0, as a restarted engine would
+    retries = trainer.counters["rollout/retries"]
+    batch = submit(trainer)
+    collected = trainer.pipeline.collect(batch, trainer.version)
+    assert collected.versions == [1] * 4, "worker 1 got version 1 again, then generated its chunks again"
+    assert [c.worker for c in batch.chunks] == [0, 0, 1, 1]
+    assert collected.metrics["rollout/dropped_stale"] == 4.0  # groups
+    assert trainer.counters["rollout/retries"] == retries + 2  # chunks
+    assert {g.policy_version for chunk in ray.get(collected.groups) for g in chunk} == {1}
+    trainer.verify_pushed(trainer.version)  # the repair's push: the learner's weights, verified
+    assert not trainer.unverified and trainer.counters["rollout/restarts"] == 0  # no process died
+
+
 def test_a_later_round_of_a_step_continues_its_positions_and_the_rounds_combine(trainer):
     """Dynamic sampling's extra rounds: seeds prompt_seed(seed, step, position) with positions
     after the earlier rounds', chunk numbers after theirs; one step's metrics over every round."""
     first = submit(trainer, 4)
-    later = trainer.pipeline.submit(77, trainer.cursor.next_batch(3), trainer.sampling, after=first)
+    later = trainer.pipeline.submit(77, trainer.cursor.next_batch(3), trainer.sampling, trainer.version,
+                                    after=first)
     assert (later.first_position, later.end) == (4, 7) and [c.index for c in later.chunks] == [2, 3]
     assert [seed for c in later.chunks for seed in c.seeds] == [prompt_seed(trainer.config.trainer.seed, 77, p)
                                                                  for p in range(4, 7)]
@@ -66,29 +81,16 @@ def test_a_later_round_of_a_step_continues_its_positions_and_the_rounds_combine(
     assert whole.generate_busy_s == pytest.approx(sum(collected.generate_busy_s for _, collected in rounds))
 
 
-def test_a_chunk_sampled_by_too_old_weights_is_dropped_and_generated_again_elsewhere(trainer):
-    relabel(trainer, 1, 0)  # worker 1 now claims version 0: one behind, and max_staleness is 0
-    try:
-        batch = submit(trainer)
-        collected = trainer.pipeline.collect(batch, trainer.version)
-        assert collected.versions == [1] * 4, "worker 1's chunks were generated again by worker 0"
-        assert [c.worker for c in batch.chunks] == [0, 0, 0, 0]
-        assert collected.metrics["rollout/dropped_stale"] == 4.0  # groups
-        assert {g.policy_version for chunk in ray.get(collected.groups) for g in chunk} == {1}
-    finally:
-        relabel(trainer, 1, trainer.version)
-
-
-def test_when_every_worker_is_stale_the_run_stops_with_a_clear_error(trainer):
+def test_a_chunk_that_keeps_failing_stops_the_run_with_a_clear_error(trainer):
     relabel(trainer, 0, 0)
-    relabel(trainer, 1, 0)
+    trainer.pipeline.max_retries = 0
     try:
-        with pytest.raises(StaleRollout, match=r"policy version 0 on rollout worker \d too, with the learner at 1 "
-                                               r"\(trainer.max_staleness=0\)"):
+        with pytest.raises(ChunkFailed, match=r"rollout worker 0: generate_chunk \(chunk 0 of step 77\): gave up "
+                                              r"after 0 retries: sampled by policy version 0, not 1"):
             trainer.pipeline.collect(submit(trainer), trainer.version)
     finally:
+        trainer.pipeline.max_retries = trainer.config.cluster.max_restarts + 1
         relabel(trainer, 0, trainer.version)
-        relabel(trainer, 1, trainer.version)
 
 
 def test_a_call_past_the_timeout_names_the_actor_and_the_stage(trainer):

@@ -123,5 +123,5 @@ def test_a_stale_worker_is_caught_and_the_next_broadcast_repairs_it(trainer):
     ray.get(trainer.actors.rollouts[0].load_weights.remote(stale, trainer.version))
     with pytest.raises(WeightSyncError, match=r"\[0\]"):
         trainer.verify_weights()
-    trainer.broadcast_weights()  # the same version again, over the weight group
+    trainer.sync.push(trainer.version)  # the same version again, over the weight group (as a resume does)
     trainer.verify_weights()

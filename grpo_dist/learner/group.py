@@ -14,6 +14,9 @@ GPUs) and offers the Learner's methods:
 - load_state: every rank.
 - close(): ends the ranks and the placement group the group made.
 
+Every wait on a rank is bounded by `timeout_s` (trainer.call_timeout_s); past it CallTimeout
+names the ranks and the method.
+
 Ray ties a placement group to the job, not to the actor that made it: killing the group
 ends its ranks, but the placement group it made stays reserved until close() or the end of
 the driver. A controller that reserves placement groups itself passes the learner's
@@ -24,6 +27,7 @@ sends from rank 0 directly.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import ray
@@ -31,6 +35,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 
 from grpo_dist.config import AlgoConfig, Config, LearnerConfig, ModelConfig, RolloutConfig
 from grpo_dist.learner.worker import Learner
+from grpo_dist.pipeline import CallTimeout, fetch
 from grpo_dist.placement import in_bundle
 from grpo_dist.types import Group
 
@@ -50,16 +55,23 @@ def start_learner(config: Config, placement: PlacementGroup | None = None) -> An
     learner = config.learner
     args = (config.model, config.algo, learner, config.rollout, config.trainer.seed, config.trainer.steps)
     if learner.num_ranks > 1:
-        return ray.remote(LearnerGroup).options(num_cpus=0).remote(*args, placement=placement)
+        return ray.remote(LearnerGroup).options(num_cpus=0).remote(*args, placement=placement,
+                                                                   timeout_s=config.trainer.call_timeout_s)
     where = {} if placement is None else {"scheduling_strategy": in_bundle(placement, 0)}
     return ray.remote(Learner).options(num_cpus=learner.num_cpus, num_gpus=learner.num_gpus, **where).remote(*args)
 
 
-def gather(futures: list[ray.ObjectRef]) -> list[Any]:
-    """Every result, in order; the first failure raises as soon as it is known (not after the others)."""
+def gather(futures: list[ray.ObjectRef], method: str, timeout_s: float) -> list[Any]:
+    """Every rank's result of `method`, in order; the first failure raises as soon as it is known
+    (not after the others), and CallTimeout names the ranks not done after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
     pending = list(futures)
     while pending:
-        done, pending = ray.wait(pending, num_returns=1)
+        done, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+        if not done:
+            ranks = [index for index, future in enumerate(futures) if future in set(pending)]
+            raise CallTimeout(f"learner ranks {ranks}: {method}: not done after {timeout_s:g} s "
+                              "(trainer.call_timeout_s)")
         ray.get(done)  # raises a rank's exception now: its peers may be blocked in a collective
     return ray.get(futures)
 
@@ -68,7 +80,9 @@ class LearnerGroup:
     """Runs as a Ray actor (see `start_learner`): K Learner ranks behind the Learner's interface."""
 
     def __init__(self, model: ModelConfig, algo: AlgoConfig, learner: LearnerConfig, rollout: RolloutConfig,
-                 seed: int, total_steps: int | None = None, placement: PlacementGroup | None = None) -> None:
+                 seed: int, total_steps: int | None = None, placement: PlacementGroup | None = None,
+                 timeout_s: float = 600.0) -> None:
+        self.timeout_s = timeout_s
         self.owns_placement = placement is None
         self.placement = placement or placement_group(learner_bundles(learner), strategy="PACK")
         rank_cls = ray.remote(Learner)
@@ -78,50 +92,59 @@ class LearnerGroup:
                              ).remote(model, algo, learner, rollout, seed, total_steps)
             for index in range(learner.num_ranks)
         ]
-        host, port = ray.get(self.ranks[0].weight_group_address.remote())
-        gather([rank.join_ranks.remote(host, port, index, len(self.ranks)) for index, rank in enumerate(self.ranks)])
+        host, port = self.first("weight_group_address")
+        gather([rank.join_ranks.remote(host, port, index, len(self.ranks)) for index, rank in enumerate(self.ranks)],
+               "join_ranks", timeout_s)
+
+    def first(self, method: str, *args: Any) -> Any:
+        """Rank 0's `method(*args)`, waited for at most timeout_s."""
+        ref = getattr(self.ranks[0], method).remote(*args)
+        return fetch([ref], [f"learner rank 0: {method}"], self.timeout_s)[0]
 
     def train_step(self, *chunks: list[Group], max_groups: int | None = None) -> dict[str, float]:
         groups = ray.put([group for chunk in chunks for group in chunk][:max_groups])
-        metrics = gather([rank.train_step.remote(groups) for rank in self.ranks])
+        metrics = gather([rank.train_step.remote(groups) for rank in self.ranks], "train_step", self.timeout_s)
         peak = max(m["system/learner_peak_memory_mb"] for m in metrics)
         return {**metrics[0], "system/learner_peak_memory_mb": peak}
 
     def checksum(self) -> str:
-        checksums = gather([rank.checksum.remote() for rank in self.ranks])
+        checksums = gather([rank.checksum.remote() for rank in self.ranks], "checksum", self.timeout_s)
         if len(set(checksums)) > 1:
             raise RuntimeError(f"learner ranks hold different weights: checksums {checksums}")
         return checksums[0]
 
     def export_weights(self) -> dict:
-        return ray.get(self.ranks[0].export_weights.remote())
+        return self.first("export_weights")
 
     def logprobs(self, groups: list[Group]) -> list[list[list[float]]]:
-        return ray.get(self.ranks[0].logprobs.remote(groups))
+        return self.first("logprobs", groups)
 
     def save(self, path: str) -> str:
-        return ray.get(self.ranks[0].save.remote(path))
+        return self.first("save", path)
 
     def save_state(self, directory: str) -> None:
-        ray.get(self.ranks[0].save_state.remote(directory))
+        self.first("save_state", directory)
 
-    def load_state(self, directory: str) -> None:
-        gather([rank.load_state.remote(directory) for rank in self.ranks])
+    def load_state(self, directory: str) -> int:
+        return gather([rank.load_state.remote(directory) for rank in self.ranks], "load_state", self.timeout_s)[0]
+
+    def write_probe(self, path: str, text: str) -> None:
+        self.first("write_probe", path, text)
 
     def weight_group_address(self) -> tuple[str, int]:
-        return ray.get(self.ranks[0].weight_group_address.remote())
+        return self.first("weight_group_address")
 
     def join_weight_group(self, *args: Any) -> None:
-        ray.get(self.ranks[0].join_weight_group.remote(*args))
+        self.first("join_weight_group", *args)
 
     def weight_plan(self, bucket_bytes: int) -> list:
-        return ray.get(self.ranks[0].weight_plan.remote(bucket_bytes))
+        return self.first("weight_plan", bucket_bytes)
 
     def send_weights(self, buckets: list) -> None:
-        ray.get(self.ranks[0].send_weights.remote(buckets))
+        self.first("send_weights", buckets)
 
     def leave_weight_group(self) -> None:
-        ray.get(self.ranks[0].leave_weight_group.remote())
+        self.first("leave_weight_group")
 
     def close(self) -> None:
         """End the ranks, and the placement group if the group made it."""

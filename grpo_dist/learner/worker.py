@@ -241,13 +241,19 @@ class Learner:
         state.save_state(Path(directory), self.weights, self.tokenizer, self.optimizer, self.scheduler, refreshed,
                          self.generator, counters)
 
-    def load_state(self, directory: str) -> None:
-        """Continue from `save_state`'s directory, in a learner built from the same config."""
+    def load_state(self, directory: str) -> int:
+        """Continue from `save_state`'s directory, in a learner built from the same config; returns
+        the policy version restored."""
         refreshed = self.reference if self.algo.ref_refresh_every is not None else None
         counters = state.load_state(Path(directory), self.weights, self.optimizer, self.scheduler, refreshed,
                                     self.generator)
         self.version = counters["version"]
         self.optimizer_steps, self.skipped_steps = counters["optimizer_steps"], counters["skipped_steps"]
+        return self.version
+
+    def write_probe(self, path: str, text: str) -> None:
+        """Write `text` to `path` (checkpoint.check_shared_storage: can the driver read it?)."""
+        Path(path).write_text(text)
 
     def save(self, path: str) -> str:
         """Write the policy (float32 masters; LoRA: merged, and the adapter) and tokenizer to `path`

@@ -40,7 +40,13 @@ class WeightSync(Protocol):
         ...
 
     def push(self, version: int) -> list[str | None]:
-        """`submit`, then wait: one served checksum per worker."""
+        """`submit`, then wait (at most trainer.weight_sync_timeout_s): one served checksum per worker."""
+        ...
+
+    def repair(self, workers: list[int], version: int) -> list[Any]:
+        """Send the learner's current weights as `version` to these workers alone (restarted
+        ones), without waiting: one reference per worker to the checksum it will serve, always
+        computed. Raises WeightSyncError where the transport cannot take a worker back."""
         ...
 
     def close(self) -> None:
@@ -59,7 +65,7 @@ def make_weight_sync(config: Any, learner: Any, rollouts: list[Any]) -> WeightSy
         return NcclSync(learner, rollouts, tensor_parallel_size=config.rollout.vllm.tensor_parallel_size,
                         timeout_s=trainer.weight_sync_timeout_s, bucket_bytes=trainer.weight_sync_bucket_mb << 20,
                         verify=trainer.verify_weight_sync)
-    return ObjectStoreSync(learner, rollouts, verify=trainer.verify_weight_sync)
+    return ObjectStoreSync(learner, rollouts, verify=trainer.verify_weight_sync, timeout_s=trainer.weight_sync_timeout_s)
 
 
 __all__ = ["ObjectStoreSync", "WeightSync", "WeightSyncError", "make_weight_sync"]

@@ -196,7 +196,7 @@ class NcclSync:
                    for worker, offset in zip(self.rollouts, offsets)]
         self.joining = True
         self._wait(joined, f"forming the weight group of {self.world_size} ranks at {host}:{port}")
-        self.plan = ray.get(self.learner.weight_plan.remote(self.bucket_bytes))
+        [self.plan] = self._wait([self.learner.weight_plan.remote(self.bucket_bytes)], "learner: weight_plan")
 
     def submit(self, version: int) -> list[ray.ObjectRef]:
         """Queue the broadcast on the learner and every worker. It is a collective: it runs once
@@ -209,6 +209,14 @@ class NcclSync:
     def push(self, version: int) -> list[str | None]:
         received = self.submit(version)
         return self._wait([self.sent, *received], f"broadcasting version {version}")[1:]
+
+    def repair(self, workers: list[int], version: int) -> list[ray.ObjectRef]:
+        """A restarted engine is not in the weight group, and a broadcast waits for every rank:
+        the group would have to be formed again while the learner may be blocked in one."""
+        raise WeightSyncError(
+            f"rollout workers {workers} were restarted, and the NCCL weight sync cannot take a worker back into its "
+            "group: resume the run from its last checkpoint (or use trainer.weight_sync=object_store)"
+        )
 
     def close(self) -> None:
         if not self.joining:

@@ -1,0 +1,137 @@
+"""Failures during a run, end to end: a `python -m grpo_dist.launch` subprocess on its own local
+cluster, its actors killed or frozen from outside (tests/faults.py) as the issue describes.
+
+- a rollout worker and a reward actor killed: Ray restarts them, the run catches them up and
+  completes (exit 0), every step there, the restarts counted;
+- the learner killed: exit 1, one message naming the step, the last checkpoint, the command;
+- a rollout worker frozen (SIGSTOP): exit 1 within trainer.call_timeout_s, naming it and its stage;
+- every step's loss not finite: exit 1 after trainer.max_bad_steps steps, with a checkpoint;
+- SIGINT: the step in progress finishes, a checkpoint, exit 130, the resume command printed.
+"""
+
+import json
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from faults import freeze_actor, kill_actor, kill_session, wait_restarted
+from runs import SMALL, finish, start, train_records, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+def run_dir_and_log(tmp_path: Path) -> tuple[list[str], Path, Path]:
+    return [f"trainer.output_dir={tmp_path}", "trainer.run_name=run"], tmp_path / "run", tmp_path / "launch.log"
+
+
+def summed(records: list[dict], name: str) -> float:
+    return sum(record.get(name, 0.0) for record in records)
+
+
+def test_killed_rollout_and_reward_actors_are_restarted_and_the_run_completes(tmp_path):
+    where, run_dir, log = run_dir_and_log(tmp_path)
+    steps = 40
+    run = start(*SMALL, *where, f"trainer.steps={steps}", "rollout.num_workers=2", "learner.num_cpus=0.5",
+                "reward.num_workers=1", "trainer.checkpoint_every=0", "trainer.samples_every=1",
+                "trainer.samples_per_log=8", "trainer.save_final=false", log=log)
+    try:
+        wait_for(lambda: len(train_records(run_dir)) >= 2, run)
+        killed = kill_actor("RolloutWorker", root_pid=run.pid)  # preferably one busy generating
+        wait_restarted("RolloutWorker", killed, root_pid=run.pid, count=2)
+        kill_actor("RewardWorker", root_pid=run.pid)
+        code, output = finish(run, log=log)
+    finally:
+        kill_session(run.pid)
+    assert code == 0, output[-3000:]
+    records = train_records(run_dir)
+    assert [r["step"] for r in records] == list(range(1, steps + 1))
+    assert summed(records, "rollout/restarts") >= 1 and summed(records, "reward/restarts") >= 1, records[-1]
+    assert summed(records, "rollout/retries") + summed(records, "reward/retries") >= 1
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["rollout_restarts"] >= 1 and summary["reward_restarts"] >= 1
+    # sync mode: step t's groups were sampled by version t - 1, also the ones generated again
+    for line in (run_dir / "samples.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        assert record["policy_version"] == record["step"] - 1, record["step"]
+
+
+def test_a_dead_learner_ends_the_run_with_the_step_the_checkpoint_and_the_resume_command(tmp_path):
+    where, run_dir, log = run_dir_and_log(tmp_path)
+    run = start(*SMALL, *where, "trainer.steps=200", "trainer.checkpoint_every=2", log=log)
+    try:
+        wait_for(lambda: (run_dir / "checkpoints" / "step_000002" / "COMPLETE").is_file(), run)
+        kill_actor("Learner", root_pid=run.pid)
+        code, output = finish(run, timeout=120, log=log)
+    finally:
+        kill_session(run.pid)
+    assert code == 1, output[-3000:]
+    found = re.search(r"error: the learner died (during \w+ )?at step (\d+) .*; the last checkpoint is (\S+) "
+                      r"\(step (\d+)\); resume with: python -m grpo_dist.launch --resume (\S+)\n", output)
+    assert found, output[-3000:]
+    _, step, checkpoint, saved, resume_dir = found.groups()
+    assert int(saved) >= 2 and int(step) > int(saved) and Path(resume_dir) == run_dir
+    assert Path(checkpoint) == run_dir / "checkpoints" / f"step_{int(saved):06d}"
+    assert (Path(checkpoint) / "COMPLETE").is_file()
+
+
+def test_a_frozen_rollout_worker_ends_the_run_naming_it_and_its_stage(tmp_path):
+    where, run_dir, log = run_dir_and_log(tmp_path)
+    run = start(*SMALL, *where, "trainer.steps=1000", "trainer.call_timeout_s=8", log=log)
+    frozen = None
+    try:
+        wait_for(lambda: len(train_records(run_dir)) >= 1, run)
+        frozen = freeze_actor("RolloutWorker", root_pid=run.pid)
+        frozen_at = time.monotonic()
+        code, output = finish(run, timeout=120, log=log)
+        took = time.monotonic() - frozen_at
+    finally:
+        if frozen is not None:
+            try:
+                os.kill(frozen, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        kill_session(run.pid)
+    assert code == 1, output[-3000:]
+    assert re.search(r"error: rollout worker \d: generate_chunk \(chunk \d+ of step \d+\): not done after 8 s "
+                     r"\(trainer.call_timeout_s\)", output), output[-3000:]
+    assert took < 60, took
+
+
+def test_steps_whose_loss_is_never_finite_stop_the_run_with_a_checkpoint(tmp_path):
+    """Rewards of ~1e40 are finite floats but overflow float32 in the learner: every step's loss
+    is NaN, each is skipped, and after trainer.max_bad_steps of them the run stops."""
+    where, run_dir, log = run_dir_and_log(tmp_path)
+    reward = ("reward.functions=[{name: exact_answer}, "
+              "{name: 'reward_helpers:batched_length', kwargs: {scale: 1.0e+39}}]")
+    run = start(*SMALL, *where, reward, "trainer.steps=20", "trainer.max_bad_steps=2", log=log)
+    code, output = finish(run, log=log)
+    assert code == 1, output[-3000:]
+    assert "error: steps 1-2 had a loss or gradient that is not finite (trainer.max_bad_steps=2 in a row" in output
+    records = train_records(run_dir)
+    assert [r["step"] for r in records] == [1, 2] and all(r["policy/step_skipped"] == 1 for r in records)
+    assert (run_dir / "checkpoints" / "step_000002" / "COMPLETE").is_file()
+    state = json.loads((run_dir / "checkpoints" / "step_000002" / "trainer_state.json").read_text())
+    assert state["policy_version"] == 2 and state["counters"]["bad_steps_in_a_row"] == 2
+
+
+def test_sigint_finishes_the_step_saves_and_exits_130(tmp_path):
+    where, run_dir, log = run_dir_and_log(tmp_path)
+    run = start(*SMALL, *where, "trainer.steps=1000", "trainer.checkpoint_every=0", log=log)
+    try:
+        wait_for(lambda: len(train_records(run_dir)) >= 2, run)
+        run.send_signal(signal.SIGINT)  # the driver alone, as Ctrl-C in a terminal would (it reaches the group)
+        code, output = finish(run, timeout=120, log=log)
+    finally:
+        kill_session(run.pid)
+    assert code == 130, output[-3000:]
+    step = train_records(run_dir)[-1]["step"]
+    assert [r["step"] for r in train_records(run_dir)] == list(range(1, step + 1))
+    checkpoint = run_dir / "checkpoints" / f"step_{step:06d}"
+    assert f"stopped by SIGINT after step {step}; the last checkpoint is {checkpoint} (step {step}); resume with: " \
+           f"python -m grpo_dist.launch --resume {run_dir}" in output, output[-3000:]
+    assert (checkpoint / "COMPLETE").is_file()
+    assert json.loads((run_dir / "summary.json").read_text())["stopped_by"] == "SIGINT"
