@@ -1,8 +1,11 @@
 """RewardWorker: batched and async rewards, failure accounting, and serving after adversarial programs."""
 
+import os
+import signal
 import time
 
 import pytest
+import ray
 
 from grpo_dist.config import load_config
 from grpo_dist.reward.worker import RewardWorker
@@ -103,3 +106,37 @@ def test_async_rewards_run_concurrently_each_under_the_deadline():
     assert time.monotonic() - start < 0.9  # together, not one after another
     assert scored.rewards == [0.3, 0.3, 0.3, 0.0, 0.0]
     assert failures == {"reward/reward_helpers:async_sleep/failures": 2.0}  # the timeout and the ValueError
+
+
+def actor_pid(actor) -> int:
+    return ray.get(actor.__ray_call__.remote(lambda self: os.getpid()), timeout=60)
+
+
+@pytest.mark.timeout(180)
+def test_a_restarted_reward_actor_keeps_the_sandbox(ray_cluster):
+    """kill -9 of a RewardWorker actor: Ray builds it again (as the trainer asks: max_restarts,
+    no task retries), and the new one scores hostile programs with the sandbox's guarantees."""
+    config = load_config(None, ["reward.functions=[{name: unit_tests, kwargs: {timeout_s: 1.0}}]",
+                                "reward.accuracy_from=unit_tests", "reward.processes=2", "reward.timeout_s=5"])
+    actor = ray.remote(RewardWorker).options(max_restarts=1, max_task_retries=0, num_cpus=0.5).remote(config.reward)
+    try:
+        old = actor_pid(actor)
+        os.kill(old, signal.SIGKILL)
+        deadline = time.monotonic() + 90
+        while True:  # calls fail while the actor is down; then it answers from a new process
+            try:
+                new = actor_pid(actor)
+                break
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+                assert time.monotonic() < deadline, "the reward actor did not come back"
+                time.sleep(0.5)
+        assert new != old
+        [scored], failures = ray.get(actor.score.remote([group(ADVERSARIAL, tests=ADD_TESTS)]), timeout=60)
+        assert scored.rewards == [0.0] * len(ADVERSARIAL) and failures == {"reward/unit_tests/failures": 0.0}
+        [good], _ = ray.get(actor.score.remote([group([ADD, "def add(a, b):\n    return 3"], tests=ADD_TESTS)]),
+                            timeout=60)
+        assert good.rewards == [1.0, 0.5]
+        assert sandbox_processes() == []
+    finally:
+        ray.get(actor.close.remote(), timeout=60)
+        ray.kill(actor, no_restart=True)
