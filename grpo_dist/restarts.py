@@ -20,6 +20,7 @@ given up on an actor.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import ray
@@ -64,6 +65,21 @@ class Restarts:
             self.seen[(role, index)] = restarts
             self.counters[f"{role}/restarts"] = self.counters.get(f"{role}/restarts", 0.0) + new
         return new > 0
+
+    def wait_alive(self, role: str, index: int, timeout_s: float) -> None:
+        """Block until the actor is ALIVE again (its constructor ran): with max_task_retries=0 a call
+        sent while it restarts fails at once. ActorGone when Ray gave up on it or it is not back in time."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            state, _ = actor_state(self.actors[role][index])
+            if state == "ALIVE":
+                return
+            if state == "DEAD":
+                self.check(role, index)  # raises ActorGone
+            if time.monotonic() > deadline:
+                raise ActorGone(f"{NAMES[role]} {index} was not back within {timeout_s:.0f} s after its process died "
+                                f"(state {state}; cluster.actor_start_timeout_s)")
+            time.sleep(0.2)
 
     def which(self, lost: ActorLost) -> tuple[str, int] | None:
         """The (role, index) of the actor a lost call names (for a call whose input came from a

@@ -451,6 +451,7 @@ class Trainer:
         (ActorGone once it gave up), give a rollout worker the current weights (its push
         queued before anything sent to it after this); returns the current version."""
         self.check_learner()
+        self.restarts.wait_alive(role, index, self.config.cluster.actor_start_timeout_s)
         self.restarts.check(role, index)
         if role == "rollout":
             self.repair(index)
