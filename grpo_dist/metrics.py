@@ -55,6 +55,11 @@ def peak_memory_mb() -> float:
     the peak resident set (ru_maxrss: KiB on Linux, bytes on macOS)."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         return torch.cuda.max_memory_allocated() / 2**20
+    return resident_peak_mb()
+
+
+def resident_peak_mb() -> float:
+    """This process's peak resident set in MiB (ru_maxrss: KiB on Linux, bytes on macOS)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
 

@@ -6,12 +6,12 @@ Names follow the project's metric table: `loss/...`, `policy/...`, `rollout/...`
 from __future__ import annotations
 
 import math
-import resource
 
 import torch
 
 from grpo_dist import grpo
 from grpo_dist.learner.distributed import DataParallel
+from grpo_dist.metrics import resident_peak_mb
 
 
 class StepStats:
@@ -102,7 +102,7 @@ def reset_peak_memory(device: str) -> None:
 
 def peak_memory_mb(device: str) -> float:
     """On a GPU, the most memory torch allocated since `reset_peak_memory`; on the CPU, the
-    process's peak resident set since it started (Linux reports KiB)."""
+    process's peak resident set since it started."""
     if device != "cpu":
         return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return resident_peak_mb()
