@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     if args.dry_run:
         from transformers import AutoModelForCausalLM
 
-        from grpo_dist.weights.nccl import plan_buckets
+        from grpo_dist.weights.buckets import plan_buckets
 
         state = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).state_dict()
         buckets = plan_buckets(state, args.bucket_mb << 20)

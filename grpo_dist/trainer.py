@@ -62,7 +62,8 @@ from grpo_dist.rollout.sampling import sampling_settings
 from grpo_dist.rollout.worker import RolloutWorker
 from grpo_dist.signals import stop_on_signals
 from grpo_dist.types import Group, Prompt, SamplingSettings
-from grpo_dist.weights import WeightSync, WeightSyncError, make_weight_sync
+from grpo_dist.weights import WeightSync, make_weight_sync
+from grpo_dist.weights.errors import WeightSyncError
 
 # Run totals kept in `Trainer.counters` (and checkpoints); each step logs what it added.
 RESTART_COUNTERS = ("rollout/restarts", "rollout/retries", "reward/restarts", "reward/retries")

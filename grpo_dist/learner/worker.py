@@ -36,6 +36,7 @@ from grpo_dist.learner.weight_group import WeightGroup
 from grpo_dist.rollout.hf_engine import load_tokenizer
 from grpo_dist.types import Group
 from grpo_dist.weights import nccl
+from grpo_dist.weights.buckets import Bucket, plan_buckets
 from grpo_dist.weights.checksum import export_state_dict, state_checksum
 
 
@@ -211,11 +212,11 @@ class Learner:
         """Open the weight-update group as rank 0 (nccl on a GPU; gloo is the CPU stand-in)."""
         self.weight_group.join(host, port, world_size, timeout_s, backend)
 
-    def weight_plan(self, bucket_bytes: int) -> list[nccl.Bucket]:
+    def weight_plan(self, bucket_bytes: int) -> list[Bucket]:
         """How `send_weights` packs the state dict; every receiver needs the same plan."""
-        return nccl.plan_buckets(self.weights.served_state_dict(), bucket_bytes)
+        return plan_buckets(self.weights.served_state_dict(), bucket_bytes)
 
-    def send_weights(self, buckets: list[nccl.Bucket]) -> None:
+    def send_weights(self, buckets: list[Bucket]) -> None:
         """Broadcast the served weights over the weight group; returns when they have left."""
         self.weight_group.send(self.weights.served_state_dict(), buckets)
 

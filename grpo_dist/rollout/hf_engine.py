@@ -11,6 +11,7 @@ from grpo_dist.dtypes import DTYPES
 from grpo_dist.rollout.sampling import StopStrings, draw, regroup, requests, sampled_logprobs, stop_token_ids
 from grpo_dist.types import Completion, SamplingSettings
 from grpo_dist.weights import nccl
+from grpo_dist.weights.buckets import Bucket
 from grpo_dist.weights.checksum import state_checksum
 
 
@@ -117,7 +118,7 @@ class HFEngine:
                                                       self.device, timeout_s)
 
     @torch.no_grad()
-    def receive_weights(self, buckets: list[nccl.Bucket], timeout_s: float | None = None) -> None:
+    def receive_weights(self, buckets: list[Bucket], timeout_s: float | None = None) -> None:
         """Copy the broadcast weights in place, one bucket in memory at a time (timeout: the group's)."""
         served = self.model.state_dict()
         received = set()

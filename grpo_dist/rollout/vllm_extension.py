@@ -22,6 +22,7 @@ from vllm.model_executor.layers.vocab_parallel_embedding import (
 )
 
 from grpo_dist.weights import nccl
+from grpo_dist.weights.buckets import Bucket
 from grpo_dist.weights.checksum import state_checksum
 
 Weights = dict[str, torch.Tensor] | bytes
@@ -65,7 +66,7 @@ class GRPOWorkerExtension:
     def grpo_leave_weight_group(self) -> None:
         self.grpo_weight_group = None
 
-    def grpo_receive_weights(self, buckets: list[nccl.Bucket]) -> None:
+    def grpo_receive_weights(self, buckets: list[Bucket]) -> None:
         """Load the buckets the learner broadcasts, one bucket in memory at a time.
 
         The learner sends its whole state dict, tied names included (see _with_tied_aliases).

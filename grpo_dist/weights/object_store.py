@@ -6,6 +6,8 @@ from typing import Any
 
 import ray
 
+from grpo_dist.weights.errors import WeightSyncError
+
 
 class ObjectStoreSync:
     """The `WeightSync` for CPUs and shared GPUs: one object-store copy per version."""
@@ -21,8 +23,6 @@ class ObjectStoreSync:
         return [w.load_weights.remote(weights, version, self.verify) for w in self.rollouts]
 
     def push(self, version: int) -> list[str | None]:
-        from grpo_dist.weights import WeightSyncError
-
         served = self.submit(version)
         try:
             return ray.get(served, timeout=self.timeout_s)
