@@ -4,6 +4,8 @@ Groups come from a real transformers engine; rewards are non-binary.
 """
 
 import math
+import subprocess
+import sys
 
 import pytest
 import ray
@@ -16,8 +18,8 @@ from grpo_dist.config import load_config, resolve_path
 from grpo_dist.data import build_prompts
 from grpo_dist.learner.schedule import make_scheduler
 from grpo_dist.learner.worker import Learner
+from grpo_dist.models import load_tokenizer
 from grpo_dist.reward.rules import exact_answer
-from grpo_dist.rollout.hf_engine import load_tokenizer
 from grpo_dist.rollout.worker import RolloutWorker
 from grpo_dist.seeding import prompt_seed
 from grpo_dist.types import SamplingSettings
@@ -192,6 +194,14 @@ def test_a_non_finite_loss_skips_the_step_and_leaves_everything_as_it_was(groups
     metrics = learner.train_step(groups)  # the next good batch trains as usual
     assert metrics["policy/step_skipped"] == 0.0 and learner.checksum() != checksum
     assert learner.version == 2
+
+
+def test_the_learner_and_data_load_models_without_the_rollout_package():
+    """Model and tokenizer loading is shared (grpo_dist/models.py), not borrowed from an engine."""
+    code = ("import sys, grpo_dist.learner.worker, grpo_dist.data; "
+            "print(sorted(m for m in sys.modules if m.startswith('grpo_dist.rollout')))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert result.stdout.strip() == "[]"
 
 
 def test_extreme_temperature_with_kl_stays_finite(groups):

@@ -23,7 +23,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from grpo_dist.learner.precision import PolicyWeights
-from grpo_dist.rollout.hf_engine import load_causal_lm
+from grpo_dist.models import load_causal_lm
 
 POLICY, OPTIMIZER, SCHEDULER, REFERENCE = "policy", "optimizer.pt", "scheduler.pt", "reference"
 RNG, COUNTERS = "rng.pt", "learner.json"

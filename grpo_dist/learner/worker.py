@@ -33,7 +33,7 @@ from grpo_dist.learner.metrics import (StepStats, advantage_metrics, peak_memory
 from grpo_dist.learner.precision import load_policy, load_reference
 from grpo_dist.learner.schedule import make_scheduler
 from grpo_dist.learner.weight_group import WeightGroup
-from grpo_dist.rollout.hf_engine import load_tokenizer
+from grpo_dist.models import load_tokenizer
 from grpo_dist.types import Group
 from grpo_dist.weights import nccl
 from grpo_dist.weights.buckets import Bucket, plan_buckets
