@@ -28,11 +28,11 @@ from grpo_dist.learner import state
 from grpo_dist.learner.batch import TrainBatch
 from grpo_dist.learner.distributed import DataParallel
 from grpo_dist.learner.logprobs import batch_logprobs, token_logprobs
-from grpo_dist.learner.metrics import (StepStats, advantage_metrics, peak_memory_mb, reset_peak_memory,
-                                       sampler_agreement)
+from grpo_dist.learner.metrics import StepStats, advantage_metrics, sampler_agreement
 from grpo_dist.learner.precision import load_policy, load_reference
 from grpo_dist.learner.schedule import make_scheduler
 from grpo_dist.learner.weight_group import WeightGroup
+from grpo_dist.memory import peak_mb, reset_peak
 from grpo_dist.models import load_tokenizer
 from grpo_dist.types import Group
 from grpo_dist.weights import nccl
@@ -79,7 +79,7 @@ class Learner:
         untouched: `policy/skipped_steps` counts such minibatches, `policy/step_skipped` is 1.
         """
         started = time.perf_counter()
-        reset_peak_memory(self.device)
+        reset_peak(self.device)
         groups = [group for chunk in chunks for group in chunk][:max_groups]
         rewards = torch.tensor([reward for group in groups for reward in group.rewards], dtype=torch.float32)
         advantages = grpo.group_advantages(rewards, self.rollout.group_size, scale=self.algo.advantage_scale)
@@ -111,7 +111,7 @@ class Learner:
             "policy/truncated_masked": float(masked),
             "policy/version": float(self.version),
             "system/learn_tokens_per_s": tokens / (time.perf_counter() - started),
-            "system/learner_peak_memory_mb": peak_memory_mb(self.device),
+            "system/learner_peak_memory_mb": peak_mb(self.device),
             "time/learn_s": time.perf_counter() - started,  # the controller's learner_idle_fraction
         }
 

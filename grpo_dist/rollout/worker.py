@@ -9,7 +9,7 @@ import ray
 import torch
 
 from grpo_dist.config import ModelConfig, RolloutConfig, resolve_path, vllm_installed
-from grpo_dist.metrics import peak_memory_mb
+from grpo_dist.memory import peak_mb, process_device
 from grpo_dist.rollout.engine import GenerationEngine
 from grpo_dist.rollout.hf_engine import HFEngine
 from grpo_dist.types import Group, Prompt, SamplingSettings
@@ -75,7 +75,7 @@ class RolloutWorker:
         started = time.perf_counter()
         groups = self.generate(prompts, sampling, seeds)
         info = {"policy_version": float(self.version), "generate_s": time.perf_counter() - started,
-                "load_s": self.load_s, "peak_memory_mb": peak_memory_mb()}
+                "load_s": self.load_s, "peak_memory_mb": peak_mb(process_device())}
         self.load_s = 0.0
         return groups, info
 
