@@ -4,6 +4,7 @@ Groups come from a real transformers engine; rewards are non-binary.
 """
 
 import math
+import os
 import subprocess
 import sys
 
@@ -16,6 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Qwen2
 from conftest import ENGINES
 from grpo_dist.config import load_config, resolve_path
 from grpo_dist.data import build_prompts
+from grpo_dist.learner import state
 from grpo_dist.learner.schedule import make_scheduler
 from grpo_dist.learner.worker import Learner
 from grpo_dist.models import load_tokenizer
@@ -234,6 +236,44 @@ def test_save_then_load_gives_the_same_next_step_bit_for_bit(groups, tmp_path):
     assert AutoTokenizer.from_pretrained(policy_dir).pad_token is not None
     with safe_open(policy_dir / "model.safetensors", "pt") as stored:
         assert {stored.get_slice(name).get_dtype() for name in stored.keys()} == {"F32"}
+
+
+def test_save_replaces_the_folder_atomically_and_a_failed_save_keeps_the_old_one(groups, tmp_path, monkeypatch):
+    """The old folder stays whole at the path until the new one is complete: a write that fails
+    halfway, or a rename in that fails, leaves it as it was and no hidden sibling behind."""
+    learner = make_learner()
+    target = tmp_path / "final"
+    learner.save(str(target))
+    old = (target / "model.safetensors").read_bytes()
+    learner.train_step(groups)
+
+    def write_half(weights, tokenizer, directory):
+        (directory / "config.json").write_text("{}")
+        raise OSError("disk full")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(state, "save_policy", write_half)
+        with pytest.raises(OSError, match="disk full"):
+            learner.save(str(target))
+    assert (target / "model.safetensors").read_bytes() == old and os.listdir(tmp_path) == ["final"]
+
+    real_rename = os.rename
+
+    def rename_in_fails(source, destination):
+        if destination == target and not os.path.basename(source).startswith(".final.old."):
+            raise OSError("rename in failed")
+        real_rename(source, destination)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(os, "rename", rename_in_fails)
+        with pytest.raises(OSError, match="rename in failed"):
+            learner.save(str(target))
+    assert (target / "model.safetensors").read_bytes() == old and os.listdir(tmp_path) == ["final"]
+
+    assert learner.save(str(target)) == str(target)
+    assert os.listdir(tmp_path) == ["final"]
+    saved = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).state_dict()
+    assert state_checksum(saved) == learner.checksum() and (target / "model.safetensors").read_bytes() != old
 
 
 def test_the_reference_is_refreshed_every_k_steps_and_resumes(groups, tmp_path):

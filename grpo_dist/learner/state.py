@@ -10,12 +10,16 @@
     DIRECTORY/learner.json   the policy version and step counters
 
 Saving then loading into a fresh learner gives bit-identical next steps. Atomicity is the
-caller's (checkpoint.py writes into a staging directory and renames it).
+caller's (checkpoint.py writes into a staging directory and renames it); `write_policy`
+(Learner.save) makes its own.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +37,36 @@ def save_policy(weights: PolicyWeights, tokenizer: PreTrainedTokenizerBase, dire
     """The policy with its float32 masters (or merged LoRA and adapter), and the tokenizer, in Hugging Face format."""
     weights.save(directory)
     tokenizer.save_pretrained(directory)
+
+
+def write_policy(weights: PolicyWeights, tokenizer: PreTrainedTokenizerBase, target: Path) -> Path:
+    """`save_policy` to `target`, replacing a folder there atomically: the policy is written into
+    a hidden sibling first, so a save that fails leaves the old folder as it was (and no sibling)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        save_policy(weights, tokenizer, staging)
+        replace_folder(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # renamed away unless something failed
+    return target
+
+
+def replace_folder(new: Path, target: Path) -> None:
+    """Put the complete folder `new` at `target`: an old folder there is renamed aside, `new`
+    renamed in, and only then the old one removed (restored if the second rename fails). The
+    path is empty only between the two renames; it never holds a partial folder."""
+    if not target.exists():
+        os.rename(new, target)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
+    os.rename(target, old)  # onto the empty placeholder: a directory may replace an empty one
+    try:
+        os.rename(new, target)
+    except BaseException:
+        os.rename(old, target)
+        raise
+    shutil.rmtree(old)
 
 
 def save_state(directory: Path, weights: PolicyWeights, tokenizer: PreTrainedTokenizerBase,

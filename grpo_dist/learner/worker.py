@@ -12,9 +12,6 @@ distributed.py (data-parallel ranks; one rank: no-ops), schedule.py, metrics.py,
 from __future__ import annotations
 
 import math
-import os
-import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -257,13 +254,6 @@ class Learner:
         Path(path).write_text(text)
 
     def save(self, path: str) -> str:
-        """Write the policy (float32 masters; LoRA: merged, and the adapter) and tokenizer to `path`
-        atomically (a temporary folder, then rename)."""
-        target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-        state.save_policy(self.weights, self.tokenizer, staging)
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(staging, target)
-        return str(target)
+        """Write the policy (float32 masters; LoRA: merged, and the adapter) and tokenizer to `path`,
+        replacing a folder there atomically (`state.write_policy`)."""
+        return str(state.write_policy(self.weights, self.tokenizer, Path(path)))
