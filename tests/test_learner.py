@@ -15,6 +15,7 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Qwen2Config, Qwen3Config
 
 from conftest import ENGINES
+from grpo_dist import grpo
 from grpo_dist.config import load_config, resolve_path
 from grpo_dist.data import build_prompts
 from grpo_dist.learner import state
@@ -206,11 +207,76 @@ def test_the_learner_and_data_load_models_without_the_rollout_package():
     assert result.stdout.strip() == "[]"
 
 
-def test_extreme_temperature_with_kl_stays_finite(groups):
-    learner = make_learner("algo.beta=0.5", "rollout.temperature=0.05", "learner.micro_batch_size=3")
+def completion_logprobs(model: torch.nn.Module, groups, temperature: float) -> list[torch.Tensor]:
+    """log softmax(logits / T) of each completion's tokens, one unpadded sequence at a time, in float64."""
+    values = []
+    with torch.no_grad():
+        for group in groups:
+            for completion in group.completions:
+                ids = torch.tensor([group.prompt_ids + completion.token_ids])
+                logits = model(input_ids=ids).logits[0, :-1].double() / temperature
+                targets = ids[0, 1:]
+                all_logprobs = logits.log_softmax(dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+                values.append(all_logprobs[len(group.prompt_ids) - 1 :])
+    return values
+
+
+@pytest.mark.parametrize("lr,beyond_bounds", [("3e-5", False), ("1e-3", True)])
+def test_extreme_temperature_kl_after_an_update_matches_an_independent_computation(groups, lr, beyond_bounds):
+    """Temperature 0.05 (logits x 20), beta 0.5, micro-batches of 3. The first step runs at
+    pi_theta = pi_ref (KL exactly 0); the second at the updated weights, where its KL is the
+    token mean of k3 = exp(r) - r - 1, r = log pi_ref - log pi_theta clamped to [-20, 20],
+    computed here in float64 from two plain transformers models, one sequence at a time.
+    lr 3e-5: every |r| < 20 (measured max 7.8, KL 0.14), k3 as written. lr 1e-3: |r| up to
+    266 on 17% of the tokens, where an unclamped exp overflowed and the step was skipped."""
+    learner = make_learner("algo.beta=0.5", "rollout.temperature=0.05", "learner.micro_batch_size=3", f"algo.lr={lr}")
+    assert learner.train_step(groups)["loss/kl"] == 0.0
+    path = resolve_path("builtin:arithmetic/model")
+    reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    policy.load_state_dict(learner.export_weights())  # the weights the second step starts from
+    r = torch.cat([ref - theta for ref, theta in zip(completion_logprobs(reference, groups, 0.05),
+                                                     completion_logprobs(policy, groups, 0.05))])
+    assert bool((r.abs() > 20).any()) == beyond_bounds
+    r = r.clamp(-20.0, 20.0)
+    expected = (r.exp() - r - 1).mean().item()
     metrics = learner.train_step(groups)
     assert metrics["policy/step_skipped"] == 0.0
     assert all(math.isfinite(value) for value in metrics.values()), metrics
+    assert expected > 0.1
+    assert metrics["loss/kl"] == pytest.approx(expected, rel=1e-4)  # measured 3e-6 and 2e-7
+
+
+def test_bfloat16_micro_batches_accumulate_the_whole_batch_update(groups, monkeypatch):
+    """bf16 compute copies, float32 masters, micro-batches of 3 (6 of them) against the whole
+    batch at once, with beta > 0. SGD without gradient clipping, so the master update is -lr
+    times the accumulated gradient itself (AdamW's first step, lr * g / |g|, and clipping to
+    max_grad_norm would both hide a wrong scale).
+
+    Tolerance: bf16 keeps 8 significant bits (a rounding of up to 2^-9 = 0.2% per value); the
+    two runs compute every activation and gradient in bf16 in differently shaped (padded)
+    batches, so their gradients differ by such roundings: measured 0.31% of the update's norm
+    (float32: 7e-6). 2% holds that with room and is far below the error of a wrong divisor:
+    dividing each micro-batch's loss by its own tokens instead of the whole batch's gives 457%
+    (measured below on the same batch)."""
+    common = ["model.dtype=bfloat16", "algo.beta=0.1", "algo.max_grad_norm=1e9"]
+    start = masters(make_learner(*common, sgd=True))
+
+    def update(*overrides: str) -> torch.Tensor:
+        learner = make_learner(*common, *overrides, sgd=True)
+        assert learner.train_step(groups)["policy/step_skipped"] == 0.0
+        return torch.cat([(after - before).flatten() for after, before in zip(masters(learner), start)])
+
+    def error(got: torch.Tensor, want: torch.Tensor) -> float:
+        return ((got - want).norm() / want.norm()).item()
+
+    whole = update()
+    assert whole.abs().max() > 0
+    assert error(update("learner.micro_batch_size=3"), whole) < 0.02
+    policy_loss = grpo.policy_loss
+    monkeypatch.setattr(grpo, "policy_loss", lambda *args, denominator, **kwargs:
+                        policy_loss(*args, **kwargs))  # without the whole batch's D: the micro-batch's own
+    assert error(update("learner.micro_batch_size=3"), whole) > 1.0
 
 
 def test_save_then_load_gives_the_same_next_step_bit_for_bit(groups, tmp_path):
