@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from grpo_dist.checkpoint import TrainerState, save_checkpoint
+from grpo_dist.controller.checkpoints import TrainerState, save_checkpoint
 from grpo_dist.config import load_config
-from grpo_dist.launch import parse_args, plan_run, probe_ray, ray_address_file
+from grpo_dist.cluster import probe_ray, ray_address_file
+from grpo_dist.launch import parse_args, plan_run
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRETS = {"WANDB_API_KEY": "wandb-secret-5f1c0e7a9d", "HF_TOKEN": "hf_secret_93b2d7c4e1"}
@@ -120,10 +121,10 @@ def test_the_address_file_is_where_ray_looks(monkeypatch, tmp_path):
 
 LISTENERS = textwrap.dedent("""
     import json, psutil
+    import ray  # first, as the real launcher imports it (Ray reads how to bind when it is imported)
+    from grpo_dist.cluster import connect_ray
     from grpo_dist.config import load_config
-    from grpo_dist.launch import connect_ray
     connect_ray(load_config(None, ["cluster.address=local", "cluster.num_cpus=2"]))
-    import ray
 
     @ray.remote(num_cpus=0)
     def ping():

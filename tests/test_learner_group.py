@@ -15,7 +15,7 @@ from ray.util.placement_group import placement_group_table
 
 from conftest import small_config
 from grpo_dist.learner.group import start_learner
-from grpo_dist.trainer import Trainer
+from grpo_dist.controller.loop import Trainer
 from grpo_dist.weights.checksum import state_checksum
 from test_learner import make_config, make_learner, masters, scored_groups
 

@@ -15,8 +15,9 @@ from ray.util.placement_group import placement_group_table, remove_placement_gro
 
 from grpo_dist.config import load_config
 from grpo_dist.metrics import MetricsLog
-from grpo_dist.placement import Role, create_placement_group, in_bundle, roles
-from grpo_dist.trainer import Actors, Trainer
+from grpo_dist.controller.placement import Role, create_placement_group, in_bundle, roles
+from grpo_dist.controller.actors import Actors
+from grpo_dist.controller.loop import Trainer
 
 ENGINES = {"num_cpus": 2, "resources": {"engine_node": 4}, "labels": {"pool": "engines"}}
 TRAINER = {"num_cpus": 2, "num_gpus": 1, "resources": {"trainer_node": 4}, "labels": {"pool": "trainer"}}

@@ -12,7 +12,8 @@ import ray
 import grpo_dist.config
 from conftest import ENGINES, small_config
 from grpo_dist.config import Config, ConfigError, load_config, resolve_weight_sync
-from grpo_dist.trainer import Trainer, WeightSyncError
+from grpo_dist.controller.loop import Trainer
+from grpo_dist.weights import WeightSyncError
 from grpo_dist.weights import ObjectStoreSync, make_weight_sync
 from grpo_dist.weights.nccl import NcclSync, engine_rank_offsets
 
