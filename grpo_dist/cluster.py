@@ -99,10 +99,11 @@ def require_ray(address: str, source: str) -> str:
     return address
 
 
-def connect_ray(config: Config) -> None:
-    """Join the chosen cluster, or start a local one that listens on 127.0.0.1 only, with the
-    dashboard when its packages are installed (its URL is printed); then StartError, within
-    seconds, when the cluster cannot hold the run's actors at all.
+def connect_ray(config: Config, join: str | None) -> None:
+    """Join the cluster at `join` (choose_cluster's answer, asked first: a dead address costs
+    seconds, not the imports before this), or with None start a local one that listens on
+    127.0.0.1 only, with the dashboard when its packages are installed (its URL is printed);
+    then StartError, within seconds, when the cluster cannot hold the run's actors at all.
 
     A local cluster gets cluster.num_cpus logical CPUs, or when that is not set as many as the
     run's actors reserve (at least the machine's cores): Ray's CPUs are a scheduling count, and
@@ -114,7 +115,6 @@ def connect_ray(config: Config) -> None:
     driver), and for every process the cluster starts (they inherit the environment). Ray's
     token authentication stays as Ray sets it.
     """
-    join = choose_cluster(config.cluster.address)
     if join is None:
         os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from grpo_dist.cluster import connect_ray
+from grpo_dist.cluster import choose_cluster, connect_ray
 from grpo_dist.config import Config, ConfigError, load_config
 from grpo_dist.controller.errors import FAILURES, StartError
 from grpo_dist.data import DataError, held_out_prompts
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.temperature is not None and (not ks or args.temperature <= 0):
             raise ConfigError(f"--temperature {args.temperature}: it sets pass@k's sampling: give --k, and a value > 0")
         prompts = held_out_prompts(config)  # bad data exits here, before Ray starts
-        connect_ray(config)
+        connect_ray(config, choose_cluster(config.cluster.address))
     except (ConfigError, DataError, StartError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

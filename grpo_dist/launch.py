@@ -20,12 +20,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from grpo_dist.cluster import connect_ray
+from grpo_dist.cluster import choose_cluster, connect_ray
 from grpo_dist.config import Config, ConfigError, dump_config, load_config
 from grpo_dist.controller.checkpoints import (Checkpoint, CheckpointError, check_resume_config, find_run,
                                               resume_checkpoint, resume_hint)
 from grpo_dist.controller.errors import FAILURES, StartError
-from grpo_dist.controller.loop import Trainer
 from grpo_dist.data import DataError, prepare_data
 
 
@@ -90,9 +89,12 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if plan.checkpoint is None:
             check_new_run_dir(plan.run_dir)
+        join = choose_cluster(plan.config.cluster.address)  # a dead address exits here, in seconds
         data = prepare_data(plan.config)  # bad data exits here, before Ray starts,
+        from grpo_dist.controller.loop import Trainer  # (the learner's and engines' imports take seconds)
+
         trainer = Trainer(plan.config, plan.run_dir, data=data, resume=plan.checkpoint)  # so does a cursor over other data
-        connect_ray(plan.config)
+        connect_ray(plan.config, join)
     except (ConfigError, CheckpointError, DataError, StartError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -124,7 +124,7 @@ LISTENERS = textwrap.dedent("""
     import ray  # first, as the real launcher imports it (Ray reads how to bind when it is imported)
     from grpo_dist.cluster import connect_ray
     from grpo_dist.config import load_config
-    connect_ray(load_config(None, ["cluster.address=local", "cluster.num_cpus=2"]))
+    connect_ray(load_config(None, ["cluster.address=local", "cluster.num_cpus=2"]), None)
 
     @ray.remote(num_cpus=0)
     def ping():
