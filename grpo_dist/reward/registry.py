@@ -32,7 +32,7 @@ BUILTIN_REWARDS: dict[str, str] = {
     "math_answer": "grpo_dist.reward.rules:math_answer",
     "answer_format": "grpo_dist.reward.rules:answer_format",
     "length_penalty": "grpo_dist.reward.rules:length_penalty",
-    "unit_tests": "grpo_dist.reward.code:unit_test_reward",
+    "unit_tests": "grpo_dist.reward.unit_tests:unit_test_reward",
     "reward_model": "grpo_dist.reward.model:RewardModel",
 }
 # Filled in by the RewardWorker for rewards that name it as a parameter.
