@@ -16,6 +16,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from grpo_dist.reward.registry import check_reward_options, load_reward
+
 BUILTIN_PREFIX = "builtin:"
 BUILTIN_ROOT = Path(__file__).parent / "tasks" / "assets"
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
@@ -214,19 +216,12 @@ class RewardFunctionConfig(Section):
     @field_validator("name")
     @classmethod
     def _importable(cls, value: str) -> str:
-        from grpo_dist.reward.registry import load_reward
-
         load_reward(value)
         return value
 
     @model_validator(mode="after")
     def _options_fit_the_function(self) -> RewardFunctionConfig:
-        from grpo_dist.reward.registry import check_options, load_reward
-
-        try:
-            check_options(load_reward(self.name), self.kwargs)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"reward {self.name!r} kwargs: {exc}") from None
+        check_reward_options(self.name, self.kwargs)
         return self
 
 
