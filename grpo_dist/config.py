@@ -1,8 +1,9 @@
-"""Configuration: pydantic models, YAML recipes and dotted command-line overrides.
+"""Configuration: pydantic models for every setting, validated before anything starts.
 
-Every setting lives in one `Config`; `load_config` turns a YAML file plus overrides such
-as `algo.beta=0.04` into a validated `Config`, or raises `ConfigError` with one message
-that names the field and the bad value. Nothing here starts Ray.
+Every setting lives in one `Config`; `load_config` turns YAML recipes plus overrides such
+as `algo.beta=0.04` (composed by recipes.py) into a validated `Config`, or raises
+`ConfigError` with one message that names the field and the bad value. Nothing here
+starts Ray.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from grpo_dist.recipes import RecipeError, compose, deep_merge, describe_error
 from grpo_dist.reward.registry import check_reward_options, load_reward
 
 BUILTIN_PREFIX = "builtin:"
@@ -503,70 +505,6 @@ def resolve_weight_sync(config: Config) -> Literal["object_store", "nccl"]:
     return config.trainer.weight_sync
 
 
-def apply_override(tree: dict[str, Any], assignment: str) -> None:
-    """Apply `a.b.c=value` to a nested dict; the value is parsed as YAML (numbers, lists...)."""
-    key, sep, raw = assignment.partition("=")
-    if not sep or not key:
-        raise ConfigError(f"override {assignment!r} is not of the form section.field=value")
-    *parents, leaf = key.split(".")
-    node: Any = tree
-    for part in parents:
-        if isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        elif isinstance(node, dict):
-            if node.get(part) is None:  # an unset optional section (learner.lora: null) gets its defaults
-                node[part] = {}
-            node = node[part]
-        else:
-            raise ConfigError(f"override {key}: {part!r} is not a section")
-    value = yaml.safe_load(raw) if raw else None
-    if isinstance(node, list) and leaf.isdigit() and int(leaf) < len(node):
-        node[int(leaf)] = value
-    elif isinstance(node, dict):
-        node[leaf] = value
-    else:
-        raise ConfigError(f"override {key}: cannot set {leaf!r}")
-
-
-def describe_error(error: ValidationError) -> str:
-    """One line per problem: the dotted field, the bad value, what is wrong."""
-    lines = []
-    for item in error.errors():
-        field = ".".join(str(part) for part in item["loc"]) or "config"
-        message = item["msg"].removeprefix("Value error, ")
-        if item["type"] == "extra_forbidden":
-            message = "unknown field"
-        if isinstance(item["input"], dict):  # a check across fields: its message names them
-            lines.append(f"{field}: {message}" if item["loc"] else message)
-        else:
-            lines.append(f"{field} = {item['input']!r}: {message}")
-    return "invalid config: " + "; ".join(lines)
-
-
-def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
-    """`update` laid over `base`: mappings merge key by key, anything else replaces."""
-    merged = dict(base)
-    for key, value in update.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = deep_merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
-
-
-def read_recipe(path: str | Path) -> dict[str, Any]:
-    """One YAML recipe as a nested dict; ConfigError when it is missing or not a mapping."""
-    try:
-        tree = yaml.safe_load(Path(path).read_text()) or {}
-    except FileNotFoundError:
-        raise ConfigError(f"config file not found: {path}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
-    if not isinstance(tree, dict):
-        raise ConfigError(f"config file {path} must hold a mapping of sections")
-    return tree
-
-
 def load_config(paths: str | Path | Sequence[str | Path] | None = None, overrides: Sequence[str] = (),
                 base: dict[str, Any] | None = None) -> Config:
     """Compose YAML recipes (later files override earlier ones) over the defaults, then overrides.
@@ -574,18 +512,12 @@ def load_config(paths: str | Path | Sequence[str | Path] | None = None, override
     `paths` is one recipe, several, or None (the built-in default). `base` (a resolved config,
     say a checkpoint's) replaces the defaults underneath the recipes.
     """
-    if paths is None:
-        paths = []
-    elif isinstance(paths, (str, Path)):
-        paths = [paths]
     # overrides apply to the defaults too, so `reward.functions.0.weight=2` works without a file
-    tree = deep_merge(Config().model_dump(mode="json"), base or {})
-    for path in paths:
-        tree = deep_merge(tree, read_recipe(path))
-    for assignment in overrides:
-        apply_override(tree, assignment)
+    defaults = deep_merge(Config().model_dump(mode="json"), base or {})
     try:
-        return Config.model_validate(tree)
+        return Config.model_validate(compose(defaults, paths, overrides))
+    except RecipeError as exc:
+        raise ConfigError(str(exc)) from None
     except ValidationError as exc:
         raise ConfigError(describe_error(exc)) from None
 
