@@ -51,14 +51,24 @@ class Section(BaseModel):
 
 class ModelConfig(Section):
     path: str = Field("builtin:arithmetic/model", description="local folder, Hugging Face hub id, or builtin:NAME")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        "float32", description="compute and serving dtype; the learner keeps float32 master weights and AdamW state"
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="compute and serving dtype, float32 or bfloat16 (float16 is refused: nothing scales "
+        "the loss); the learner keeps float32 master weights and AdamW state"
     )
 
     @field_validator("path")
     @classmethod
     def _local_or_hub(cls, value: str) -> str:
         return check_model_path(value)
+
+    @field_validator("dtype", mode="before")
+    @classmethod
+    def _not_float16(cls, value: Any) -> Any:
+        if value == "float16":
+            raise ValueError("float16 is refused: nothing scales the loss, and unscaled gradients underflow in "
+                             "float16's range (below 6.1e-5 they lose precision, below 6e-8 they are 0); use "
+                             "bfloat16 (float32's range, the same memory) or float32")
+        return value
 
 
 DATA_FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
