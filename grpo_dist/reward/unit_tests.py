@@ -129,7 +129,7 @@ def _check_limits(timeout_s: float = 5.0, memory_mb: int = 512, **_: object) -> 
 unit_test_reward.check_options = _check_limits  # type: ignore[attr-defined]
 
 
-# ---------------------------------------------------------------- the caller's side
+# ---------------------------------------------------------------- starting the launcher, reading its report
 
 
 @contextlib.contextmanager
