@@ -79,6 +79,18 @@ def test_cli_bad_config_exits_2_naming_the_field_before_ray_starts():
     assert "Ray" not in result.stderr + result.stdout  # nothing was started
 
 
+def test_float16_is_refused_naming_the_field_and_why_before_ray_starts():
+    with pytest.raises(ConfigError, match=r"model\.dtype = 'float16': float16 is refused: nothing scales the loss"):
+        load_config(None, ["model.dtype=float16"])
+    assert load_config(None, ["model.dtype=bfloat16"]).model.dtype == "bfloat16"
+    reward_model = "reward.functions=[{name: reward_model, kwargs: {path: org/some-reward-model, dtype: float16}}]"
+    assert load_config(None, [reward_model, "reward.accuracy_from=reward_model"])  # inference only: no loss to scale
+    result = run_launch("model.dtype=float16")
+    assert (result.returncode, result.stderr.count("\n")) == (2, 1), result.stderr
+    assert "model.dtype" in result.stderr and "use bfloat16" in result.stderr
+    assert "Ray" not in result.stderr + result.stdout  # nothing was started
+
+
 def test_cli_print_config_shows_overrides():
     result = run_launch("--config", "configs/default.yaml", "--print-config", "algo.beta=0.02")
     assert result.returncode == 0, result.stderr
