@@ -50,13 +50,20 @@ def apply_override(tree: dict[str, Any], assignment: str) -> None:
             node = node[part]
         else:
             raise RecipeError(f"override {key}: {part!r} is not a section")
-    value = yaml.safe_load(raw) if raw else None
+    try:
+        value = yaml.safe_load(raw) if raw else None
+    except yaml.YAMLError as exc:
+        raise RecipeError(f"override {key}: {raw!r} is not a YAML value ({first_problem(exc)})") from None
     if isinstance(node, list) and leaf.isdigit() and int(leaf) < len(node):
         node[int(leaf)] = value
     elif isinstance(node, dict):
         node[leaf] = value
     else:
         raise RecipeError(f"override {key}: cannot set {leaf!r}")
+
+
+def first_problem(error: yaml.YAMLError) -> str:
+    return str(getattr(error, "problem", None) or error).strip()
 
 
 def describe_error(error: ValidationError) -> str:

@@ -29,6 +29,11 @@ def test_dotted_overrides_are_typed():
     assert config.trainer.run_name == "demo" and config.data.eval is None
 
 
+def test_an_override_that_is_not_yaml_names_itself():
+    with pytest.raises(ConfigError, match=r"override algo.lr: '\[' is not a YAML value"):
+        load_config(None, ["algo.lr=["])
+
+
 def test_resolved_config_round_trips_through_yaml():
     config = load_config(None, ["algo.lr=3e-5"])
     assert Config.model_validate(yaml.safe_load(dump_config(config))) == config
