@@ -5,11 +5,11 @@ dispatch_cpu_unquantized_gemm: the `check_cpu_sgl_kernel` branch) packs each bf1
 of up to 1 MiB into VNNI layout with `torch.ops._C.convert_weight_packed`, keeps the packed copy
 in the closure it stores as `layer.cpu_linear`, replaces `layer.weight` by an empty tensor and
 turns `layer.bias` into float32, which `torch.ops._C.weight_packed_linear` adds to its float32
-accumulator. Those two kernels are compiled only into vLLM's AVX512-BF16 library (vllm/_C), which
-a CPU without AVX-512 cannot load: `amx_linear_path()` answers vLLM's AMX check with yes for that
-branch only and stands in for the two kernels in Python (on a CPU that has them, vLLM's own run),
-so that everything else that path does, vLLM's own Python included, runs as it does there. The
-attention kernels stay this CPU's.
+accumulator. Those two kernels are compiled only into vLLM's AVX512-BF16 library
+(vllm/_C.abi3.so; not into _C_AVX2 or _C_AVX512), which a CPU without AVX512-BF16 never loads:
+`amx_linear_path()` answers vLLM's AMX check with yes for that branch only and stands in for the
+two kernels in Python (on a CPU that has them, vLLM's own run), so that everything else that path
+does, vLLM's own Python included, runs as it does there. The attention kernels stay this CPU's.
 
 Works on an engine built in this process (VLLMEngine on the CPU runs in the caller's process).
 """
