@@ -71,8 +71,9 @@ class Trainer:
     """Runs GRPO for `config.trainer.steps` steps and writes the run directory.
 
     What tests and tools may use besides `run`: `start`/`stop`, `step(n)`, `rollout(...)`,
-    `actors` (the handles), `version`, `counters`, `weights` (the WeightPublisher) and
-    `verify_weights()`.
+    `verify_weights()`, and after `start` the parts it wires together: `actors` (the handles),
+    `pipeline`, `supervisor`, `weights` (the WeightPublisher), with `version`, `counters`,
+    `cursor` and `sampling`. Everything else is the loop's own.
     """
 
     def __init__(self, config: Config, run_dir: Path, data: PreparedData | None = None,
