@@ -132,7 +132,7 @@ def run(args: argparse.Namespace, folder: Path) -> dict:
     import ray
 
     from grpo_dist.config import resolve_weight_sync
-    from grpo_dist.trainer import Trainer
+    from grpo_dist.controller.loop import Trainer
 
     gpus = torch.cuda.device_count()
     output_dir = Path(args.output_dir or folder / "runs")

@@ -1,4 +1,13 @@
-"""Shared fixtures: a real local Ray cluster per test module, shut down afterwards."""
+"""Shared fixtures: a real local Ray cluster per test module, shut down afterwards; the test tiers.
+
+Every test is in one tier, named by a marker that says what it costs:
+
+    unit   no Ray cluster: pure functions, single actors' classes called directly, subprocesses
+    ray    a real local Ray cluster (the `ray_cluster` fixture), real engines and actors
+    slow   end-to-end training runs, minutes each (marked by hand)
+
+`pytest -m "not slow"` (the README's test command) runs unit and ray; `pytest` runs all three.
+"""
 
 import pytest
 import ray
@@ -12,9 +21,16 @@ ENGINES = [
 ]
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test unit or ray by whether it starts a cluster; slow ones are marked by hand."""
+    for item in items:
+        if item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.ray if "ray_cluster" in item.fixturenames else pytest.mark.unit)
+
+
 @pytest.fixture(scope="module")
 def ray_cluster():
-    ray.init(num_cpus=2, include_dashboard=False, namespace="grpo_dist_tests")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="grpo_dist_tests")  # never another's
     yield
     ray.shutdown()
 

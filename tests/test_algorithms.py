@@ -9,7 +9,7 @@ import yaml
 
 from grpo_dist.config import Config, effective_reward, load_config
 from grpo_dist.reward.rules import length_penalty
-from grpo_dist.trainer import Trainer
+from grpo_dist.controller.loop import Trainer
 from test_learner import make_config, make_learner, scored_groups
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from conftest import small_config
-from grpo_dist.trainer import Trainer
+from grpo_dist.controller.loop import Trainer
 
 # What depends on the clock, not on the computation.
 TIMING = ("time/", "system/", "rollout/buffer_depth", "wall_s")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_dist.checkpoint import (
+from grpo_dist.controller.checkpoints import (
     Checkpoint,
     CheckpointError,
     TrainerState,
@@ -79,7 +79,7 @@ def test_the_newest_checkpoints_are_kept(tmp_path):
 CRASHING_SAVE = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from grpo_dist.checkpoint import TrainerState, save_checkpoint
+    from grpo_dist.controller.checkpoints import TrainerState, save_checkpoint
     from grpo_dist.config import Config
 
     def learner(folder: Path) -> None:
@@ -146,6 +146,15 @@ def test_a_resume_may_change_how_long_and_where_but_not_what_is_trained():
                      "data.prompt_template=Q:{prompt}", "reward.functions.0.weight=2"):
         with pytest.raises(CheckpointError, match=override.split("=")[0].removesuffix(".0.weight")):
             check_resume_config(saved, load_config(None, [override]))
+    with_lora = load_config(None, ["learner.lora={rank: 4, alpha: 8}"])
+    for saved_by, now, named in ((saved, with_lora, "learner.lora"),  # LoRA turned on
+                                 (with_lora.model_dump(mode="json"), Config(), "learner.lora"),  # and off
+                                 (with_lora.model_dump(mode="json"), load_config(None, [
+                                     "learner.lora={rank: 4, alpha: 16}"]), "learner.lora.alpha")):
+        with pytest.raises(CheckpointError, match=rf"cannot resume with a different {named} "):
+            check_resume_config(saved_by, now)
+    check_resume_config(with_lora.model_dump(mode="json"), load_config(None, [
+        "learner.lora={rank: 4, alpha: 8}", "learner.micro_batch_size=2", "learner.num_ranks=2"]))
     del saved["algo"]["lr"]  # a field the checkpoint's version did not have is not compared
     check_resume_config(saved, load_config(None, ["algo.lr=0.5"]))
 

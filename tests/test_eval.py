@@ -9,7 +9,9 @@ import ray
 from conftest import ENGINES, small_config
 from grpo_dist.config import BUILTIN_ROOT, ConfigError, dump_config
 from grpo_dist.data import held_out_prompts
-from grpo_dist.eval import evaluate, main, parse_ks, pass_at_k, resolve_checkpoint, start_actors
+from grpo_dist.controller.actors import Actors
+from grpo_dist.eval import main, parse_ks, resolve_checkpoint
+from grpo_dist.evaluation import evaluate, pass_at_k
 
 MODEL = BUILTIN_ROOT / "arithmetic" / "model"
 
@@ -82,13 +84,12 @@ def test_evaluate_scores_greedy_and_sampled_completions(ray_cluster, tmp_path, e
                           "kwargs: {pattern: '<answer>[0-9]+</answer>'}}]",
                           # one vLLM engine on 2 cores: 31 s rather than 48
                           f"rollout.num_workers={2 if engine == 'transformers' else 1}")
-    rollouts, rewards = start_actors(config)
+    actors = Actors.start(config, learner=False)
     try:
         prompts = held_out_prompts(config)
-        metrics = evaluate(rollouts, rewards, prompts, config, ks=(1, 2, 4))
+        metrics = evaluate(actors.rollouts, actors.rewards, prompts, config, ks=(1, 2, 4))
     finally:
-        for actor in (*rollouts, *rewards):
-            ray.kill(actor)
+        actors.stop()
     assert metrics["eval/rows"] == 16 and 0 < metrics["eval/accuracy"] < 1
     # every greedy completion is in the answer format here, so the reward is accuracy + 0.5
     assert metrics["eval/mean_reward"] == pytest.approx(metrics["eval/accuracy"] + 0.5)

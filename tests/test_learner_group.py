@@ -14,10 +14,10 @@ import torch
 from ray.util.placement_group import placement_group_table
 
 from conftest import small_config
+from grpo_dist.controller.loop import Trainer
 from grpo_dist.learner.group import LearnerGroup, offer_learner_methods, start_learner, unrouted
 from grpo_dist.learner.worker import Learner
-from grpo_dist.pipeline import CallTimeout
-from grpo_dist.trainer import Trainer
+from grpo_dist.waits import CallTimeout
 from grpo_dist.weights.checksum import state_checksum
 from test_learner import make_config, make_learner, masters, scored_groups
 

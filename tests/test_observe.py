@@ -12,7 +12,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from conftest import small_config
 from grpo_dist import grpo
-from grpo_dist.trainer import Trainer
+from grpo_dist.controller.loop import Trainer
 
 STEPS = 3
 

@@ -38,8 +38,8 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 
 from grpo_dist.config import AlgoConfig, Config, LearnerConfig, ModelConfig, RolloutConfig
 from grpo_dist.learner.worker import Learner
-from grpo_dist.pipeline import CallTimeout, fetch
-from grpo_dist.placement import in_bundle
+from grpo_dist.waits import CallTimeout, fetch
+from grpo_dist.controller.placement import in_bundle
 from grpo_dist.types import Group
 
 Route = Literal["rank 0", "every rank"]

@@ -10,7 +10,7 @@
     DIRECTORY/learner.json   the policy version and step counters
 
 Saving then loading into a fresh learner gives bit-identical next steps. Atomicity is the
-caller's (checkpoint.py writes into a staging directory and renames it); `write_policy`
+caller's (controller/checkpoints.py writes into a staging directory and renames it); `write_policy`
 (Learner.save) makes its own.
 """
 

@@ -38,7 +38,7 @@ from grpo_dist.weights.checksum import export_state_dict, state_checksum
 
 
 class Learner:
-    """Runs as a Ray actor (see trainer.py; group.py for several ranks); plain class so that it
+    """Runs as a Ray actor (see controller/actors.py; group.py for several ranks); plain class so that it
     can be used directly. `total_steps` (trainer.steps) is the learning-rate schedule's length."""
 
     def __init__(self, model: ModelConfig, algo: AlgoConfig, learner: LearnerConfig,

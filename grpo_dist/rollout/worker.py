@@ -44,7 +44,7 @@ def build_engine(model: ModelConfig, rollout: RolloutConfig, seed: int) -> Gener
 
 
 class RolloutWorker:
-    """Runs as a Ray actor (see trainer.py); plain class so that it can be used directly."""
+    """Runs as a Ray actor (see controller/actors.py); plain class so that it can be used directly."""
 
     def __init__(self, model: ModelConfig, rollout: RolloutConfig, seed: int) -> None:
         torch.set_num_threads(rollout.threads)
@@ -71,7 +71,7 @@ class RolloutWorker:
                        seeds: list[int]) -> tuple[list[Group], dict[str, float]]:
         """`generate`, and what the controller needs to know about the call, small: the policy
         version, how long it took, the weight loading that came before it, and the worker's
-        peak memory (pipeline.py)."""
+        peak memory (controller/pipeline.py)."""
         started = time.perf_counter()
         groups = self.generate(prompts, sampling, seeds)
         info = {"policy_version": float(self.version), "generate_s": time.perf_counter() - started,
