@@ -25,7 +25,7 @@ from grpo_dist.cluster import choose_cluster, connect_ray
 from grpo_dist.config import Config, ConfigError, load_config
 from grpo_dist.controller.errors import FAILURES, StartError
 from grpo_dist.data import DataError, held_out_prompts
-from grpo_dist.metrics import write_json_atomic
+from grpo_dist.atomic import write_json_atomic
 
 def resolve_checkpoint(path: str, config_files: list[str], overrides: list[str]) -> tuple[Path, Config]:
     """The model folder to evaluate and the config to evaluate it with.

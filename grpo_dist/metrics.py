@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any, Protocol
@@ -35,13 +34,6 @@ CONSOLE_KEYS = (
     ("rollout/completion_length", "len"),
     ("time/step_s", "s/step"),
 )
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON through a temporary file and a rename, so readers never see half a file."""
-    staging = path.with_name(f".{path.name}.tmp")
-    staging.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(staging, path)
 
 
 def console_line(metrics: dict[str, float]) -> str:

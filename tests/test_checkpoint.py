@@ -18,6 +18,7 @@ from grpo_dist.controller.checkpoints import (
     check_shared_storage,
     checkpoints,
     find_run,
+    is_complete,
     latest_checkpoint,
     resume_checkpoint,
     save_checkpoint,
@@ -108,6 +109,28 @@ def test_a_kill_during_a_write_leaves_the_previous_checkpoint_loadable(tmp_path)
     assert resume_checkpoint(tmp_path).state == state(1)  # ignored: the previous checkpoint is the latest
     save_checkpoint(tmp_path, state(3), Config(), fake_learner, keep=2)  # the next save cleans it up
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_000001", "step_000003"]
+
+
+def test_saving_a_step_again_replaces_it_whole_or_not_at_all(tmp_path, monkeypatch):
+    """The same step saved twice (SIGTERM right after a periodic save): the old checkpoint stays
+    complete until the new one is renamed in, also when the rename itself fails."""
+    first = save_checkpoint(tmp_path, state(1), Config(), fake_learner, keep=1)
+    policy = (first / "policy" / "model.safetensors").read_bytes()
+
+    def refuse(source, target):
+        raise OSError("disk gone")
+
+    import grpo_dist.atomic
+
+    with monkeypatch.context() as patched:
+        patched.setattr(grpo_dist.atomic.os, "rename", refuse)
+        with pytest.raises(OSError, match="disk gone"):
+            save_checkpoint(tmp_path, state(1), Config(), fake_learner, keep=1)
+    assert is_complete(first) and (first / "policy" / "model.safetensors").read_bytes() == policy
+    again = save_checkpoint(tmp_path, state(1), Config(), fake_learner, keep=1)
+    assert again == first and is_complete(again) and [p.name for p in checkpoints(tmp_path)] == ["step_000001"]
+    assert (again / "policy" / "model.safetensors").read_bytes() != policy  # the new one, whole
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_000001"]  # nothing left aside
 
 
 def test_an_incomplete_checkpoint_is_an_error_that_names_it(tmp_path):

@@ -32,6 +32,7 @@ from typing import Any, Callable
 
 import yaml
 
+from grpo_dist.atomic import copy_atomic, fsync_dir, replace_folder
 from grpo_dist.config import Config, dump_config
 from grpo_dist.data import PromptCursor
 from grpo_dist.types import Prompt
@@ -202,9 +203,7 @@ def save_checkpoint(run_dir: Path, state: TrainerState, config: Config,
     if (run_dir / METRICS).is_file():
         shutil.copyfile(run_dir / METRICS, staging / METRICS)
     write_manifest(staging)
-    if target.exists():  # the same step saved again (say, on SIGTERM right after a save)
-        discard(target)
-    os.rename(staging, target)
+    replace_folder(staging, target)  # the same step may be saved again (say, on SIGTERM right after a save)
     fsync_dir(folder)
     for old in checkpoints(run_dir)[:-keep]:
         discard(old)
@@ -257,20 +256,6 @@ def remove_leftovers(folder: Path) -> None:
             shutil.rmtree(path)
         else:
             path.unlink()
-
-
-def fsync_dir(path: Path) -> None:
-    handle = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(handle)
-    finally:
-        os.close(handle)
-
-
-def copy_atomic(source: Path, target: Path) -> None:
-    staging = target.with_name(f".{target.name}.tmp")
-    shutil.copyfile(source, staging)
-    os.replace(staging, target)
 
 
 def find_run(output_dir: Path) -> Path:

@@ -46,7 +46,6 @@ from dataclasses import dataclass, replace
 import ray
 
 from grpo_dist.controller.pipeline import Batch, RolloutPipeline, ScoredBatch
-from grpo_dist.reward.chunk_stats import informative
 from grpo_dist.types import Prompt
 
 

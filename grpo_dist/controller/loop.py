@@ -45,6 +45,7 @@ from typing import Any
 
 import ray
 
+from grpo_dist.atomic import write_json_atomic
 from grpo_dist.config import Config, dump_config
 from grpo_dist.controller.actors import Actors, LearnerWatch
 from grpo_dist.controller.checkpoints import (Checkpoint, CheckpointError, TrainerState, check_shared_storage,
@@ -57,7 +58,7 @@ from grpo_dist.controller.recovery import RESTART_COUNTERS, Supervisor
 from grpo_dist.controller.signals import stop_on_signals
 from grpo_dist.data import PreparedData, PromptCursor, prepare_data
 from grpo_dist.evaluation import evaluate, standard_error
-from grpo_dist.metrics import MetricsLog, write_json_atomic
+from grpo_dist.metrics import MetricsLog
 from grpo_dist.plots import write_report
 from grpo_dist.rollout.sampling import sampling_settings
 from grpo_dist.types import Group, Prompt, SamplingSettings

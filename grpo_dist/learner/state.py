@@ -17,7 +17,6 @@ caller's (controller/checkpoints.py writes into a staging directory and renames 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from grpo_dist.atomic import replace_folder
 from grpo_dist.learner.precision import PolicyWeights
 from grpo_dist.models import load_causal_lm
 
@@ -50,23 +50,6 @@ def write_policy(weights: PolicyWeights, tokenizer: PreTrainedTokenizerBase, tar
     finally:
         shutil.rmtree(staging, ignore_errors=True)  # renamed away unless something failed
     return target
-
-
-def replace_folder(new: Path, target: Path) -> None:
-    """Put the complete folder `new` at `target`: an old folder there is renamed aside, `new`
-    renamed in, and only then the old one removed (restored if the second rename fails). The
-    path is empty only between the two renames; it never holds a partial folder."""
-    if not target.exists():
-        os.rename(new, target)
-        return
-    old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
-    os.rename(target, old)  # onto the empty placeholder: a directory may replace an empty one
-    try:
-        os.rename(new, target)
-    except BaseException:
-        os.rename(old, target)
-        raise
-    shutil.rmtree(old)
 
 
 def save_state(directory: Path, weights: PolicyWeights, tokenizer: PreTrainedTokenizerBase,
