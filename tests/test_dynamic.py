@@ -22,7 +22,7 @@ from grpo_dist.reward.chunk_stats import informative
 from grpo_dist.reward.worker import RewardWorker
 from grpo_dist.controller.loop import Trainer
 from grpo_dist.types import Completion, Group
-from test_learner import make_config, make_learner, masters, scored_groups
+from learner_helpers import make_config, make_learner, masters, scored_groups
 
 GROUP, PROMPTS = 4, 8  # small_config's group_size and prompts_per_step
 ROWS = Path(resolve_path("builtin:arithmetic/train.jsonl"))

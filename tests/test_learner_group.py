@@ -19,7 +19,7 @@ from grpo_dist.learner.group import LearnerGroup, offer_learner_methods, start_l
 from grpo_dist.learner.worker import Learner
 from grpo_dist.waits import CallTimeout
 from grpo_dist.weights.checksum import state_checksum
-from test_learner import make_config, make_learner, masters, scored_groups
+from learner_helpers import make_config, make_learner, masters, scored_groups
 
 COMMON = ["algo.beta=0.1", "rollout.temperature=0.7", "learner.micro_batch_size=3", "learner.num_cpus=0.5"]
 CASES = {
