@@ -2,8 +2,9 @@
 
 Every test is in one tier, named by a marker that says what it costs:
 
-    unit   no Ray cluster: pure functions, single actors' classes called directly, subprocesses
-    ray    a real local Ray cluster (the `ray_cluster` fixture), real engines and actors
+    unit   no Ray cluster: pure functions, actors' classes called directly, sandboxes, seconds each
+    ray    a real Ray cluster (a fixture in CLUSTERS, or marked by hand where a subprocess starts
+           one), real engines and actors
     slow   end-to-end training runs, minutes each (marked by hand)
 
 `pytest -m "not slow"` (the README's test command) runs unit and ray; `pytest` runs all three.
@@ -21,11 +22,15 @@ ENGINES = [
 ]
 
 
+# Fixtures that start a Ray cluster for their tests.
+CLUSTERS = {"ray_cluster", "two_nodes", "head", "dead_head"}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark each test unit or ray by whether it starts a cluster; slow ones are marked by hand."""
+    """Mark each test that is neither slow nor ray by hand: ray when it uses a cluster fixture, else unit."""
     for item in items:
-        if item.get_closest_marker("slow") is None:
-            item.add_marker(pytest.mark.ray if "ray_cluster" in item.fixturenames else pytest.mark.unit)
+        if item.get_closest_marker("slow") is None and item.get_closest_marker("ray") is None:
+            item.add_marker(pytest.mark.ray if CLUSTERS & set(item.fixturenames) else pytest.mark.unit)
 
 
 @pytest.fixture(scope="module")

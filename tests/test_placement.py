@@ -87,6 +87,22 @@ def test_a_learner_and_an_engine_share_a_gpu_by_asking_for_half_each(two_nodes, 
     wait_for_free_cpus(4.0)
 
 
+def test_actors_that_cannot_be_placed_end_in_one_message_naming_the_role(two_nodes, tmp_path):
+    from grpo_dist.controller.errors import NotPlaced
+
+    config = load_config(None, ["rollout.node_labels={pool: nowhere}", "rollout.engine=transformers",
+                                "cluster.actor_start_timeout_s=3", f"trainer.output_dir={tmp_path}"])
+    started = time.monotonic()
+    with pytest.raises(NotPlaced) as raised:
+        Actors.start(config)
+    message = str(raised.value)
+    assert time.monotonic() - started < 60 and "\n" not in message
+    assert message.startswith("rollout worker 0: start: not done after 3 s (cluster.actor_start_timeout_s)")
+    assert "placement groups not placed: rollout;" in message and "node_labels" in message
+    assert "reward actor" not in message.split(";")[0]  # the others were placed and started
+    wait_for_free_cpus(4.0)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_a_run_places_every_role_where_configured(two_nodes, tmp_path, mode):

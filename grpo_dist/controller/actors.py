@@ -19,7 +19,7 @@ from grpo_dist.controller.placement import create_placement_group, roles, unplac
 from grpo_dist.learner.group import start_learner
 from grpo_dist.reward.worker import RewardWorker
 from grpo_dist.rollout.worker import RolloutWorker
-from grpo_dist.waits import ActorLost, cause_line, fetch, first_line
+from grpo_dist.waits import ActorLost, CallTimeout, cause_line, fetch, first_line
 
 # Runtime environment of the rollout and reward actors: every return value is put in the
 # object store (the threshold under which Ray inlines it into the caller is 0 bytes), so the
@@ -79,22 +79,23 @@ class Actors:
 
     def wait_ready(self, timeout_s: float) -> None:
         """Block until every actor is constructed; name the resources when some cannot be placed."""
-        every = self.every
-        ready, pending = ray.wait([a.__ray_ready__.remote() for a in every], num_returns=len(every), timeout=timeout_s)
+        names = ([f"rollout worker {i}: start" for i in range(len(self.rollouts))]
+                 + [f"reward actor {i}: start" for i in range(len(self.rewards))]
+                 + (["learner: start"] if self.learner is not None else []))
         try:
-            ray.get(ready)  # a constructor's exception
-        except ray.exceptions.RayError as failed:
-            self.stop()
-            raise RunFailed(f"an actor failed to start: {cause_line(failed)}") from None
-        if pending:
+            fetch([actor.__ray_ready__.remote() for actor in self.every], names, timeout_s,
+                  limit="cluster.actor_start_timeout_s")
+        except CallTimeout as late:
             waiting = unplaced(self.placements)
             self.stop()
             raise NotPlaced(
-                f"{len(pending)} of {len(every)} actors not ready after {timeout_s:.0f} s "
-                f"(cluster.actor_start_timeout_s); placement groups not placed: {', '.join(waiting) or 'none'}; "
-                f"the cluster has {ray.available_resources()} available of {ray.cluster_resources()}: lower the "
+                f"{late}; placement groups not placed: {', '.join(waiting) or 'none'}; the cluster has "
+                f"{ray.available_resources()} available of {ray.cluster_resources()}: lower the "
                 "num_cpus/num_gpus/resources of rollout, reward and learner, drop node_labels no node carries, "
-                "or add nodes")
+                "or add nodes") from None
+        except ray.exceptions.RayError as failed:  # a constructor's exception
+            self.stop()
+            raise RunFailed(f"an actor failed to start: {cause_line(failed)}") from None
 
     def stop(self) -> None:
         """Let reward actors stop their scoring processes (briefly), then kill every actor."""

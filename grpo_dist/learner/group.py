@@ -29,7 +29,6 @@ sends from rank 0 directly.
 from __future__ import annotations
 
 import functools
-import time
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -38,7 +37,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 
 from grpo_dist.config import AlgoConfig, Config, LearnerConfig, ModelConfig, RolloutConfig
 from grpo_dist.learner.worker import Learner
-from grpo_dist.waits import CallTimeout, fetch
+from grpo_dist.waits import fetch
 from grpo_dist.controller.placement import in_bundle
 from grpo_dist.types import Group
 
@@ -86,17 +85,10 @@ def start_learner(config: Config, placement: PlacementGroup | None = None) -> An
 
 def gather(futures: list[ray.ObjectRef], method: str, timeout_s: float) -> list[Any]:
     """Every rank's result of `method`, in order; the first failure raises as soon as it is known
-    (not after the others), and CallTimeout names the ranks not done after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    pending = list(futures)
-    while pending:
-        done, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
-        if not done:
-            ranks = [index for index, future in enumerate(futures) if future in set(pending)]
-            raise CallTimeout(f"learner ranks {ranks}: {method}: not done after {timeout_s:g} s "
-                              "(trainer.call_timeout_s)")
-        ray.get(done)  # raises a rank's exception now: its peers may be blocked in a collective
-    return ray.get(futures)
+    (not after the others: its peers may be blocked in a collective), and CallTimeout names the
+    ranks not done after `timeout_s`."""
+    names = [f"learner rank {rank}: {method}" for rank in range(len(futures))]
+    return fetch(futures, names, timeout_s, fail_fast=True)
 
 
 class LearnerGroup:
