@@ -1,9 +1,14 @@
 """Shared fixtures: a real local Ray cluster per test module, shut down afterwards."""
 
+import os
+from pathlib import Path
+
 import pytest
 import ray
 
 from grpo_dist.config import Config, load_config, vllm_installed
+
+TESTS = Path(__file__).resolve().parent
 
 # Rollout engines to test: vLLM only where it is installed (scripts/setup_env.sh installs it).
 ENGINES = [
@@ -14,7 +19,10 @@ ENGINES = [
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    ray.init(num_cpus=2, include_dashboard=False, namespace="grpo_dist_tests")
+    # The actors import the tests' helper modules as the driver does (rewards named "reward_helpers:...").
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
+        ray.init(num_cpus=2, include_dashboard=False, namespace="grpo_dist_tests")
     yield
     ray.shutdown()
 
