@@ -10,10 +10,15 @@ Every test is in one tier, named by a marker that says what it costs:
 `pytest -m "not slow"` (the README's test command) runs unit and ray; `pytest` runs all three.
 """
 
+import os
+from pathlib import Path
+
 import pytest
 import ray
 
 from grpo_dist.config import Config, load_config, vllm_installed
+
+TESTS = Path(__file__).resolve().parent
 
 # Rollout engines to test: vLLM only where it is installed (scripts/setup_env.sh installs it).
 ENGINES = [
@@ -35,7 +40,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="grpo_dist_tests")  # never another's
+    # The actors import the tests' helper modules as the driver does (rewards named "reward_helpers:...").
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
+        ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="grpo_dist_tests")  # never another's
     yield
     ray.shutdown()
 

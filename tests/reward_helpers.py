@@ -1,4 +1,4 @@
-"""Batched and async rewards for tests/test_reward_worker.py (imported through the registry)."""
+"""Batched and async rewards for tests (imported through the registry)."""
 
 import asyncio
 import math
@@ -33,3 +33,20 @@ async def async_sleep(prompt: str, completion: str, **fields: object) -> float:
     seconds = float(completion)
     await asyncio.sleep(seconds)
     return seconds
+
+
+def known_correct_count(prompt: str, group_size: int) -> int:
+    """How many of a group's samples `first_correct` scores 1: fixed by the prompt, 0..group_size."""
+    return sum(map(ord, prompt)) % (group_size + 1)
+
+
+@batched
+def first_correct(prompts: list[str], completions: list[str], group_size: int, **fields: list) -> list[float]:
+    """1.0 for the first known_correct_count(prompt, group_size) samples of each group, whatever
+    they say, else 0.0: a group is a run of equal consecutive prompts (a scoring call holds whole
+    groups, their samples in order)."""
+    scores, position = [], 0
+    for index, prompt in enumerate(prompts):
+        position = position + 1 if index and prompt == prompts[index - 1] else 0
+        scores.append(float(position < known_correct_count(prompt, group_size)))
+    return scores

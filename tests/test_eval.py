@@ -1,5 +1,7 @@
 """Evaluation: pass@k against hand computations, the checkpoint argument, and `evaluate` on
-real rollout and reward actors with a non-binary reward and pass@k at temperature 0.7."""
+real rollout and reward actors: greedy accuracy with a non-binary reward, and pass@k at
+temperature 0.7 against the closed form, with a reward that makes a known number of each
+prompt's samples correct."""
 
 import math
 
@@ -7,6 +9,7 @@ import pytest
 import ray
 
 from conftest import ENGINES, small_config
+from reward_helpers import known_correct_count
 from grpo_dist.config import BUILTIN_ROOT, ConfigError, dump_config
 from grpo_dist.data import held_out_prompts
 from grpo_dist.controller.actors import Actors
@@ -14,6 +17,7 @@ from grpo_dist.eval import main, parse_ks, resolve_checkpoint
 from grpo_dist.evaluation import evaluate, pass_at_k
 
 MODEL = BUILTIN_ROOT / "arithmetic" / "model"
+PASS_AT_N = 4  # samples per prompt for pass@k
 
 
 def test_pass_at_k_matches_hand_computations():
@@ -76,23 +80,42 @@ def test_the_command_exits_2_before_starting_ray(tmp_path, capsys):
     assert not ray.is_initialized()
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-def test_evaluate_scores_greedy_and_sampled_completions(ray_cluster, tmp_path, engine):
-    # exact answer (1) plus half a point for the answer format: rewards 0, 0.5 and 1.5
-    config = small_config(tmp_path, f"rollout.engine={engine}", "data.eval_rows=16", "rollout.temperature=0.7",
+@pytest.fixture(scope="module", params=ENGINES)
+def evaluation(request, ray_cluster, tmp_path_factory):
+    """Rollout and reward actors of one engine, their config and 16 held-out prompts. Rewards: the
+    exact answer (1) plus half a point for the answer format, so 0, 0.5 or 1.5; and, weighted 0,
+    `first_correct`, which marks a known number of each group's samples correct."""
+    config = small_config(tmp_path_factory.mktemp("eval"), f"rollout.engine={request.param}", "data.eval_rows=16",
+                          "rollout.temperature=0.7",
                           "reward.functions=[{name: exact_answer}, {name: answer_format, weight: 0.5, "
-                          "kwargs: {pattern: '<answer>[0-9]+</answer>'}}]",
+                          "kwargs: {pattern: '<answer>[0-9]+</answer>'}}, {name: 'reward_helpers:first_correct', "
+                          f"weight: 0, kwargs: {{group_size: {PASS_AT_N}}}}}]",
                           # one vLLM engine on 2 cores: 31 s rather than 48
-                          f"rollout.num_workers={2 if engine == 'transformers' else 1}")
+                          f"rollout.num_workers={2 if request.param == 'transformers' else 1}")
     actors = Actors.start(config, learner=False)
-    try:
-        prompts = held_out_prompts(config)
-        metrics = evaluate(actors.rollouts, actors.rewards, prompts, config, ks=(1, 2, 4))
-    finally:
-        actors.stop()
+    yield config, actors.rollouts, actors.rewards, held_out_prompts(config)
+    actors.stop()
+
+
+def test_evaluate_scores_greedy_completions(evaluation):
+    config, rollouts, rewards, prompts = evaluation
+    metrics = evaluate(rollouts, rewards, prompts, config)
     assert metrics["eval/rows"] == 16 and 0 < metrics["eval/accuracy"] < 1
     # every greedy completion is in the answer format here, so the reward is accuracy + 0.5
     assert metrics["eval/mean_reward"] == pytest.approx(metrics["eval/accuracy"] + 0.5)
-    assert 0 < metrics["eval/pass@1"] <= metrics["eval/pass@2"] <= metrics["eval/pass@4"] <= 1
     assert metrics["eval/accuracy_stderr"] == pytest.approx(math.sqrt(
         metrics["eval/accuracy"] * (1 - metrics["eval/accuracy"]) / 16))
+
+
+def test_pass_at_k_of_sampled_completions_is_the_closed_form_of_the_known_counts(evaluation):
+    config, rollouts, rewards, prompts = evaluation
+    config = config.model_copy(deep=True)
+    config.reward.accuracy_from = "reward_helpers:first_correct"
+    metrics = evaluate(rollouts, rewards, prompts, config, ks=(1, 2, PASS_AT_N))
+    # c of the n = PASS_AT_N samples of each prompt are correct; the greedy one iff c >= 1
+    correct = [known_correct_count(prompt.text, PASS_AT_N) for prompt in prompts]
+    assert len(set(correct)) >= 3, correct  # the rows differ: the average is not one value's
+    assert metrics["eval/accuracy"] == pytest.approx(sum(c >= 1 for c in correct) / len(correct))
+    for k in (1, 2, PASS_AT_N):
+        expected = sum(1 - math.comb(PASS_AT_N - c, k) / math.comb(PASS_AT_N, k) for c in correct) / len(correct)
+        assert metrics[f"eval/pass@{k}"] == pytest.approx(expected, abs=1e-12), k

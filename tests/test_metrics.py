@@ -5,7 +5,8 @@ import importlib.util
 import pytest
 
 from grpo_dist.config import ConfigError, load_config
-from grpo_dist.metrics import ConsoleSink, samples_markdown
+from grpo_dist.metrics import ConsoleSink, sample_records, samples_markdown
+from grpo_dist.types import Completion, Group
 
 
 def test_wandb_asked_for_but_not_installed_is_a_config_error(monkeypatch):
@@ -29,6 +30,23 @@ def test_samples_render_as_markdown_tables_whatever_the_completion_holds():
     lines = samples_markdown(records).splitlines()
     assert lines[0] == "**prompt** `1+1=` (policy version 4)"
     assert lines[-1] == "| 1 | 0 | -0.707 | `a \\| b ⏎ 'c'` |"  # one table row: pipes escaped, newline marked
+
+
+def test_sample_records_carry_each_groups_advantages_by_the_runs_scale():
+    def group(rewards: list[float]) -> Group:
+        completions = [Completion([1, 2], [-0.5, -0.5], f"c{i}", "stop") for i in range(len(rewards))]
+        return Group(0, {"prompt": "p"}, "p", [3], completions, policy_version=2, rewards=rewards,
+                     reward_parts={"exact_answer": rewards})
+
+    def advantages(scale: str) -> list[list[float]]:
+        records = sample_records([group([1.0, 0.0, 0.0, 0.0]), group([0.7] * 4)], step=3, scale=scale)
+        return [[c["advantage"] for c in record["completions"]] for record in records]
+
+    # mean 0.25; Bessel's std sqrt((0.75^2 + 3 * 0.25^2) / 3) = 0.5; eps 1e-6; equal rewards: none at all
+    none, std = advantages("none"), advantages("std")
+    assert none[0] == pytest.approx([0.75, -0.25, -0.25, -0.25]) and none[1] == [0.0] * 4
+    assert std[0] == pytest.approx([0.75 / 0.500001, -0.25 / 0.500001, -0.25 / 0.500001, -0.25 / 0.500001], rel=1e-6)
+    assert std[1] == [0.0] * 4
 
 
 def test_the_console_without_a_progress_bar_prints_every_tenth_step_and_each_evaluation(capsys):

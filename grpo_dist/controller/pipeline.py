@@ -265,7 +265,8 @@ class RolloutPipeline:
                 "rollout/staleness_max": float(max(lag for lag, _ in lags))}
 
     def timings(self, batch: Batch, infos: list[dict[str, float]], stats: list[dict[str, float]]) -> dict[str, float]:
-        """Per stage, the busiest actor's seconds on this batch (queueing excluded)."""
+        """Per stage, the busiest actor's seconds on this batch (queueing excluded); when generating it
+        began and ended (unix seconds)."""
 
         def busiest(key: str, values: list[dict[str, float]], actor: str) -> float:
             per_actor: dict[int, float] = {}
@@ -278,6 +279,8 @@ class RolloutPipeline:
         tokens = sum(stat["tokens"] for stat in stats)
         return {"time/generate_s": generate_s, "time/reward_s": busiest("score_s", stats, "reward"),
                 "time/sync_s": busiest("load_s", infos, "worker"),
+                "time/generate_started": min(info["generate_started"] for info in infos),
+                "time/generate_ended": max(info["generate_ended"] for info in infos),
                 "system/generate_tokens_per_s": tokens / max(generate_s, 1e-9),
                 "system/engine_peak_memory_mb": max(info["peak_memory_mb"] for info in infos)}
 

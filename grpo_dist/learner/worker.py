@@ -75,7 +75,7 @@ class Learner:
         A minibatch whose loss or gradient is not finite leaves the weights and AdamW's state
         untouched: `policy/skipped_steps` counts such minibatches, `policy/step_skipped` is 1.
         """
-        started = time.perf_counter()
+        learn_started, started = time.time(), time.perf_counter()
         reset_peak(self.device)
         groups = [group for chunk in chunks for group in chunk][:max_groups]
         rewards = torch.tensor([reward for group in groups for reward in group.rewards], dtype=torch.float32)
@@ -110,6 +110,8 @@ class Learner:
             "system/learn_tokens_per_s": tokens / (time.perf_counter() - started),
             "system/learner_peak_memory_mb": peak_mb(self.device),
             "time/learn_s": time.perf_counter() - started,  # the controller's learner_idle_fraction
+            "time/learn_started": learn_started,  # unix seconds: when this step's learning began and ended
+            "time/learn_ended": time.time(),
         }
 
     def _update(self, batch: TrainBatch, rows: torch.Tensor, stats: StepStats, fill_old: bool) -> None:

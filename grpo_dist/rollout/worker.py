@@ -70,11 +70,12 @@ class RolloutWorker:
     def generate_chunk(self, prompts: list[Prompt], sampling: SamplingSettings,
                        seeds: list[int]) -> tuple[list[Group], dict[str, float]]:
         """`generate`, and what the controller needs to know about the call, small: the policy
-        version, how long it took, the weight loading that came before it, and the worker's
-        peak memory (controller/pipeline.py)."""
-        started = time.perf_counter()
+        version, how long it took and when (unix seconds, to line it up with the learner's),
+        the weight loading that came before it, and the worker's peak memory (controller/pipeline.py)."""
+        generate_started, started = time.time(), time.perf_counter()
         groups = self.generate(prompts, sampling, seeds)
         info = {"policy_version": float(self.version), "generate_s": time.perf_counter() - started,
+                "generate_started": generate_started, "generate_ended": time.time(),
                 "load_s": self.load_s, "peak_memory_mb": peak_mb(process_device())}
         self.load_s = 0.0
         return groups, info
