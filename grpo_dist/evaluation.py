@@ -47,15 +47,17 @@ def standard_error(accuracy: float, n: int) -> float:
 
 
 def score_rows(rollouts: list[Any], rewards: list[Any], prompts: list[Prompt], sampling: SamplingSettings,
-               seed: int, timeout_s: float) -> dict[str, list[float]]:
+               config: Config) -> dict[str, list[float]]:
     """Generate one group per prompt and score it; per row, in prompt order, what
-    chunk_stats.per_group keeps. Waiting longer than `timeout_s` raises CallTimeout."""
+    chunk_stats.per_group keeps (correct: by reward.accuracy_from). Waiting longer than
+    trainer.call_timeout_s raises CallTimeout."""
+    seed, timeout_s = config.trainer.seed, config.trainer.call_timeout_s
     seeds = {prompt.index: prompt_seed(seed, EVAL_STEP, prompt.index) for prompt in prompts}
     shares = [share for share in split(prompts, len(rollouts)) if share]
     summaries = []
     for index, share in enumerate(shares):
         groups = rollouts[index].generate.remote(share, sampling, [seeds[p.index] for p in share])
-        summaries.append(rewards[index % len(rewards)].score_for_evaluation.remote(groups))
+        summaries.append(rewards[index % len(rewards)].score_for_evaluation.remote(groups, config.reward.accuracy_from))
     names = [f"rollout worker {i} -> reward actor {i % len(rewards)}: evaluation" for i in range(len(shares))]
     rows: dict[str, list[float]] = {}
     for summary in fetch(summaries, names, timeout_s):
@@ -73,8 +75,7 @@ def evaluate(rollouts: list[Any], rewards: list[Any], prompts: list[Prompt], con
     give `eval/pass@k` for each k, averaged over the rows.
     """
     clock = time.perf_counter()
-    seed, timeout_s = config.trainer.seed, config.trainer.call_timeout_s
-    greedy = score_rows(rollouts, rewards, prompts, sampling_settings(config.rollout, greedy=True), seed, timeout_s)
+    greedy = score_rows(rollouts, rewards, prompts, sampling_settings(config.rollout, greedy=True), config)
     rows = len(greedy["first_correct"])
     accuracy = sum(greedy["first_correct"]) / rows
     metrics = {
@@ -87,7 +88,7 @@ def evaluate(rollouts: list[Any], rewards: list[Any], prompts: list[Prompt], con
         n = max(ks)
         sampling = replace(sampling_settings(config.rollout), n=n,
                            temperature=config.rollout.temperature if temperature is None else temperature)
-        correct = [int(c) for c in score_rows(rollouts, rewards, prompts, sampling, seed, timeout_s)["correct"]]
+        correct = [int(c) for c in score_rows(rollouts, rewards, prompts, sampling, config)["correct"]]
         for k in sorted(ks):
             metrics[f"eval/pass@{k}"] = sum(pass_at_k(n, c, k) for c in correct) / len(correct)
     metrics["time/eval_s"] = time.perf_counter() - clock

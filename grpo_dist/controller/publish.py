@@ -60,7 +60,8 @@ class WeightPublisher:
         [served] = self.sync.repair([index], self.version)
         self.pushes += 1
         self.repaired[index] = self.pushes
-        self.pending.append(PendingCheck(self.version, self.pushes, {index: served}, self.learner.actor.checksum.remote()))
+        expected = self.learner.actor.checksum.remote()
+        self.pending.append(PendingCheck(self.version, self.pushes, {index: served}, expected))
 
     def verify_through(self, version: int) -> list[int]:
         """Compare the served checksums of every push up to `version` with the learner's
@@ -94,4 +95,5 @@ class WeightPublisher:
         [expected] = fetch([self.learner.actor.checksum.remote()], ["learner: checksum"], self.timeout_s)
         stale = [index for index, checksum in enumerate(served) if checksum != expected]
         if stale:
-            raise WeightSyncError(f"rollout workers {stale} do not serve the learner's weights (version {self.version})")
+            raise WeightSyncError(f"rollout workers {stale} do not serve the learner's weights "
+                                  f"(version {self.version})")

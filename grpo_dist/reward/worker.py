@@ -95,11 +95,11 @@ class RewardWorker:
             summary["informative"] = float(len(groups))
         return groups, {**failures, **summary, "score_s": time.perf_counter() - started}
 
-    def score_for_evaluation(self, groups: list[Group]) -> dict[str, list[float]]:
-        """`score`, then only what evaluation needs of each group (chunk_stats.per_group): the
-        groups stay here, the driver gets a few numbers per prompt."""
+    def score_for_evaluation(self, groups: list[Group], accuracy_from: str) -> dict[str, list[float]]:
+        """`score`, then only what evaluation needs of each group (chunk_stats.per_group, correct
+        by `accuracy_from`'s score): the groups stay here, the driver gets a few numbers per prompt."""
         scored, _ = self.score(groups)
-        return per_group(scored, self.config.accuracy_from)
+        return per_group(scored, accuracy_from)
 
     def outcomes(self, function: RewardFunctionConfig, samples: list[Sample]) -> list[ScoreOutcome]:
         """One function's outcome for each sample, by the function's kind."""
