@@ -21,8 +21,8 @@ from pathlib import Path
 import ray
 
 from grpo_dist.config import load_config
-from grpo_dist.eval import standard_error
-from grpo_dist.trainer import Trainer
+from grpo_dist.evaluation import standard_error
+from grpo_dist.controller.loop import Trainer
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = ["task", "grpo", "dapo", "dr_grpo", "gspo"]

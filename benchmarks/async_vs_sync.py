@@ -39,7 +39,7 @@ from pathlib import Path
 import ray
 
 from grpo_dist.config import load_config, vllm_installed
-from grpo_dist.trainer import Trainer
+from grpo_dist.controller.loop import Trainer
 
 SETTINGS = {
     "default": [],

@@ -25,8 +25,9 @@ from pathlib import Path
 
 import torch
 
+from grpo_dist.memory import resident_mb
+
 PROMPT_TOKENS = 64
-PAGE = 4096
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -72,10 +73,6 @@ def synthetic_groups(sequences: int, completion_tokens: int, group_size: int) ->
         groups.append(Group(prompt_index=len(groups), row={}, prompt="", prompt_ids=prompt,
                             completions=completions, policy_version=0, rewards=rewards))
     return groups
-
-
-def resident_mb() -> float:
-    return int(Path("/proc/self/statm").read_text().split()[1]) * PAGE / 2**20
 
 
 class PeakResident(threading.Thread):

@@ -22,7 +22,7 @@ import torch
 
 from grpo_dist.config import RolloutConfig, load_config
 from grpo_dist.data import build_prompts, read_jsonl
-from grpo_dist.rollout.hf_engine import load_tokenizer
+from grpo_dist.models import load_tokenizer
 from grpo_dist.rollout.worker import RolloutWorker
 from grpo_dist.types import SamplingSettings
 

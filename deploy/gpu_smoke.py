@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     if args.dry_run:
         from transformers import AutoModelForCausalLM
 
-        from grpo_dist.weights.nccl import plan_buckets
+        from grpo_dist.weights.buckets import plan_buckets
 
         state = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).state_dict()
         buckets = plan_buckets(state, args.bucket_mb << 20)
@@ -132,7 +132,7 @@ def run(args: argparse.Namespace, folder: Path) -> dict:
     import ray
 
     from grpo_dist.config import resolve_weight_sync
-    from grpo_dist.trainer import Trainer
+    from grpo_dist.controller.loop import Trainer
 
     gpus = torch.cuda.device_count()
     output_dir = Path(args.output_dir or folder / "runs")

@@ -1,8 +1,10 @@
-"""Configuration: pydantic models, YAML recipes and dotted command-line overrides.
+"""Configuration: pydantic models for every setting, validated before anything starts.
 
-Every setting lives in one `Config`; `load_config` turns a YAML file plus overrides such
-as `algo.beta=0.04` into a validated `Config`, or raises `ConfigError` with one message
-that names the field and the bad value. Nothing here starts Ray.
+Every setting lives in one `Config`; `load_config` turns YAML recipes plus overrides such
+as `algo.beta=0.04` (composed by recipes.py) into a validated `Config`, or raises
+`ConfigError` with one message that names the field and the bad value. The sections of
+how the run executes (trainer, cluster, rollout.vllm) and the Section base are in
+run_config.py. Nothing here starts Ray.
 """
 
 from __future__ import annotations
@@ -14,7 +16,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from grpo_dist.recipes import RecipeError, compose, deep_merge, describe_error
+from grpo_dist.reward.registry import check_reward_options, load_reward
+from grpo_dist.run_config import (ClusterConfig, Section, Strategy, TrainerConfig, VLLMConfig, check_bundle,
+                                  node_labels_field, resources_field)
 
 BUILTIN_PREFIX = "builtin:"
 BUILTIN_ROOT = Path(__file__).parent / "tasks" / "assets"
@@ -39,22 +46,26 @@ def check_model_path(value: str) -> str:
     raise ValueError(f"not a model folder and not a hub id: {value!r}")
 
 
-class Section(BaseModel):
-    """Unknown keys are errors, so a typo never silently falls back to a default."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
 class ModelConfig(Section):
     path: str = Field("builtin:arithmetic/model", description="local folder, Hugging Face hub id, or builtin:NAME")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        "float32", description="compute and serving dtype; the learner keeps float32 master weights and AdamW state"
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="compute and serving dtype, float32 or bfloat16 (float16 is refused: nothing scales "
+        "the loss); the learner keeps float32 master weights and AdamW state"
     )
 
     @field_validator("path")
     @classmethod
     def _local_or_hub(cls, value: str) -> str:
         return check_model_path(value)
+
+    @field_validator("dtype", mode="before")
+    @classmethod
+    def _not_float16(cls, value: Any) -> Any:
+        if value == "float16":
+            raise ValueError("float16 is refused: nothing scales the loss, and unscaled gradients underflow in "
+                             "float16's range (below 6.1e-5 they lose precision, below 6e-8 they are 0); use "
+                             "bfloat16 (float32's range, the same memory) or float32")
+        return value
 
 
 DATA_FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -114,37 +125,6 @@ class DataConfig(Section):
 def vllm_installed() -> bool:
     """Whether vLLM is importable here; a cheap lookup that imports nothing."""
     return importlib.util.find_spec("vllm") is not None
-
-
-class VLLMConfig(Section):
-    """vLLM engine settings (used when the rollout engine is vllm); the dtype is model.dtype."""
-
-    max_model_len: int | None = Field(None, ge=1, description="context length; null: the model's own")
-    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="share of GPU memory for weights and KV")
-    tensor_parallel_size: int = Field(1, ge=1, description="GPUs per engine (1 on the CPU)")
-    enforce_eager: bool = Field(True, description="no CUDA graphs: faster start, slower decoding")
-    seed: int | None = Field(None, description="engine seed; null: trainer.seed*1000 + worker index")
-    cpu_kv_cache_gb: float = Field(1.0, gt=0, description="KV cache size on the CPU backend, GiB")
-
-
-Strategy = Literal["pack", "spread"]
-
-
-def resources_field(actor: str) -> Any:
-    return Field(default_factory=dict, description=f"custom Ray resources each {actor} reserves, e.g. "
-                 "{engine_node: 1}: it lands only on nodes started with them (ray start --resources)")
-
-
-def node_labels_field(actor: str) -> Any:
-    return Field(default_factory=dict, description=f"node labels each {actor} requires, e.g. "
-                 "{pool: gpu}: it lands only on nodes started with them (ray start --labels)")
-
-
-def check_bundle(section: str, num_cpus: float, num_gpus: float, resources: dict[str, float], what: str) -> None:
-    """Every actor sits in a placement-group bundle, and Ray refuses a bundle that asks for nothing."""
-    if num_cpus == 0 and num_gpus == 0 and not any(resources.values()):
-        raise ValueError(f"{what} sits in a placement-group bundle: give {section}.num_cpus, {section}.num_gpus "
-                         f"or {section}.resources > 0")
 
 
 class RolloutConfig(Section):
@@ -214,19 +194,12 @@ class RewardFunctionConfig(Section):
     @field_validator("name")
     @classmethod
     def _importable(cls, value: str) -> str:
-        from grpo_dist.reward.registry import load_reward
-
         load_reward(value)
         return value
 
     @model_validator(mode="after")
     def _options_fit_the_function(self) -> RewardFunctionConfig:
-        from grpo_dist.reward.registry import check_options, load_reward
-
-        try:
-            check_options(load_reward(self.name), self.kwargs)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"reward {self.name!r} kwargs: {exc}") from None
+        check_reward_options(self.name, self.kwargs)
         return self
 
 
@@ -356,82 +329,6 @@ class LearnerConfig(Section):
         return self
 
 
-class TrainerConfig(Section):
-    steps: int = Field(150, ge=1)
-    max_wall_seconds: float | None = Field(None, gt=0, description="stop training when this much time has passed")
-    seed: int = Field(0, description="data order, sampling and learner seeds derive from it")
-    mode: Literal["sync", "async"] = Field(
-        "sync", description="sync: every batch is sampled by the weights it trains (async with max_staleness 0); "
-        "async: rollouts run ahead of the learner by up to max_staleness versions"
-    )
-    max_staleness: int = Field(
-        1, ge=0, description="async: a sample is trained on at most this many policy versions after the weights "
-        "that sampled it; max_staleness+1 batches are in flight"
-    )
-    call_timeout_s: float = Field(
-        600.0, gt=0, description="bound on every wait for an actor call (generate, score, train_step, weight "
-        "load); past it the run stops with an error naming the actor and the stage"
-    )
-    eval_every: int = Field(10, ge=0, description="evaluate every N steps (0: before and after only)")
-    output_dir: str = Field("runs", description="run directories are created here")
-    run_name: str | None = Field(None, description="the run directory's name; null: the start time")
-    save_final: bool = Field(True, description="save the final policy to RUN_DIR/final (atomically)")
-    checkpoint_every: int = Field(
-        50, ge=0, description="save a resumable checkpoint every N steps, and always after the last step and on "
-        "SIGINT/SIGTERM (0: only then); --resume continues from the newest"
-    )
-    keep_checkpoints: int = Field(2, ge=1, description="keep the newest N checkpoints in RUN_DIR/checkpoints")
-    max_bad_steps: int = Field(
-        3, ge=1, description="stop the run (exit 1, after a checkpoint) after N steps in a row whose loss or gradient "
-        "was not finite: each is skipped, the weights stay the last good ones"
-    )
-    verify_weight_sync: bool = Field(True, description="check every rollout worker's weight checksum each step")
-    weight_sync: Literal["auto", "object_store", "nccl"] = Field(
-        "auto", description="how weights reach the engines; auto: nccl with engine vllm and whole GPUs, else object_store"
-    )
-    weight_sync_timeout_s: float = Field(
-        300.0, gt=0, description="bound on forming the NCCL weight group and on each step's weight sync"
-    )
-    weight_sync_bucket_mb: int = Field(512, ge=1, description="NCCL broadcast bucket size, MiB")
-    progress: bool = Field(True, description="a progress bar; false: a console line every 10 steps")
-    loggers: list[Literal["jsonl", "tensorboard", "wandb"]] = Field(
-        ["jsonl", "tensorboard"],
-        description="metric sinks: jsonl (RUN_DIR/metrics.jsonl, always written), tensorboard (RUN_DIR/tensorboard), "
-        "wandb (needs the wandb package; WANDB_MODE=offline needs no network)",
-    )
-    wandb_project: str = Field("grpo_dist", description="wandb project; the wandb run is named after the run directory")
-    samples_every: int = Field(
-        10, ge=0, description="log prompts with their completions, rewards and advantages every N steps (0: never)"
-    )
-    samples_per_log: int = Field(2, ge=1, description="prompts per samples log, each with all its completions")
-
-    @field_validator("loggers")
-    @classmethod
-    def _loggers_installed(cls, value: list[str]) -> list[str]:
-        if "wandb" in value and importlib.util.find_spec("wandb") is None:
-            raise ValueError("wandb is not installed: pip install -e '.[wandb]', or leave wandb out of trainer.loggers")
-        return value
-
-
-class ClusterConfig(Section):
-    address: str | None = Field(
-        None,
-        description="null: join the running cluster (RAY_ADDRESS, else `ray start`'s) if it answers, else start a "
-        "local one; 'local': always start one; 'auto', host:port or ray://host:port: join it, fail if it is down",
-    )
-    num_cpus: int | None = Field(None, ge=1, description="CPUs of a locally started cluster")
-    namespace: str = Field("grpo_dist", description="Ray namespace of the run's actors")
-    actor_start_timeout_s: float = Field(
-        600.0, gt=0, description="give up when actors cannot be placed, or when a restarted actor is not back "
-        "within this time"
-    )
-    max_restarts: int = Field(
-        3, ge=0, description="times Ray restarts each rollout and reward actor whose process died; its calls in "
-        "flight are sent again, a rollout worker gets the current weights first (docs/checkpoints.md); the learner "
-        "is never restarted"
-    )
-
-
 class Config(Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     data: DataConfig = Field(default_factory=DataConfig)
@@ -508,70 +405,6 @@ def resolve_weight_sync(config: Config) -> Literal["object_store", "nccl"]:
     return config.trainer.weight_sync
 
 
-def apply_override(tree: dict[str, Any], assignment: str) -> None:
-    """Apply `a.b.c=value` to a nested dict; the value is parsed as YAML (numbers, lists...)."""
-    key, sep, raw = assignment.partition("=")
-    if not sep or not key:
-        raise ConfigError(f"override {assignment!r} is not of the form section.field=value")
-    *parents, leaf = key.split(".")
-    node: Any = tree
-    for part in parents:
-        if isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        elif isinstance(node, dict):
-            if node.get(part) is None:  # an unset optional section (learner.lora: null) gets its defaults
-                node[part] = {}
-            node = node[part]
-        else:
-            raise ConfigError(f"override {key}: {part!r} is not a section")
-    value = yaml.safe_load(raw) if raw else None
-    if isinstance(node, list) and leaf.isdigit() and int(leaf) < len(node):
-        node[int(leaf)] = value
-    elif isinstance(node, dict):
-        node[leaf] = value
-    else:
-        raise ConfigError(f"override {key}: cannot set {leaf!r}")
-
-
-def describe_error(error: ValidationError) -> str:
-    """One line per problem: the dotted field, the bad value, what is wrong."""
-    lines = []
-    for item in error.errors():
-        field = ".".join(str(part) for part in item["loc"]) or "config"
-        message = item["msg"].removeprefix("Value error, ")
-        if item["type"] == "extra_forbidden":
-            message = "unknown field"
-        if isinstance(item["input"], dict):  # a check across fields: its message names them
-            lines.append(f"{field}: {message}" if item["loc"] else message)
-        else:
-            lines.append(f"{field} = {item['input']!r}: {message}")
-    return "invalid config: " + "; ".join(lines)
-
-
-def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
-    """`update` laid over `base`: mappings merge key by key, anything else replaces."""
-    merged = dict(base)
-    for key, value in update.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = deep_merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
-
-
-def read_recipe(path: str | Path) -> dict[str, Any]:
-    """One YAML recipe as a nested dict; ConfigError when it is missing or not a mapping."""
-    try:
-        tree = yaml.safe_load(Path(path).read_text()) or {}
-    except FileNotFoundError:
-        raise ConfigError(f"config file not found: {path}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
-    if not isinstance(tree, dict):
-        raise ConfigError(f"config file {path} must hold a mapping of sections")
-    return tree
-
-
 def load_config(paths: str | Path | Sequence[str | Path] | None = None, overrides: Sequence[str] = (),
                 base: dict[str, Any] | None = None) -> Config:
     """Compose YAML recipes (later files override earlier ones) over the defaults, then overrides.
@@ -579,18 +412,12 @@ def load_config(paths: str | Path | Sequence[str | Path] | None = None, override
     `paths` is one recipe, several, or None (the built-in default). `base` (a resolved config,
     say a checkpoint's) replaces the defaults underneath the recipes.
     """
-    if paths is None:
-        paths = []
-    elif isinstance(paths, (str, Path)):
-        paths = [paths]
     # overrides apply to the defaults too, so `reward.functions.0.weight=2` works without a file
-    tree = deep_merge(Config().model_dump(mode="json"), base or {})
-    for path in paths:
-        tree = deep_merge(tree, read_recipe(path))
-    for assignment in overrides:
-        apply_override(tree, assignment)
+    defaults = deep_merge(Config().model_dump(mode="json"), base or {})
     try:
-        return Config.model_validate(tree)
+        return Config.model_validate(compose(defaults, paths, overrides))
+    except RecipeError as exc:
+        raise ConfigError(str(exc)) from None
     except ValidationError as exc:
         raise ConfigError(describe_error(exc)) from None
 

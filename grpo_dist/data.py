@@ -303,7 +303,7 @@ def held_out_prompts(config: Config, tokenizer: Any = None) -> list[Prompt]:
 
 
 def _tokenizer(config: Config) -> Any:
-    from grpo_dist.rollout.hf_engine import load_tokenizer
+    from grpo_dist.models import load_tokenizer
 
     return load_tokenizer(config.model.path)
 

@@ -27,6 +27,11 @@ from a slightly different pi_sampler. Truncated importance sampling (TIS) correc
 
     w_t   = min(exp(log pi_old(o_t) - log pi_sampler(o_t)), C)   C = tis_cap
     L_t   = w_t * -min(rho_t A, clip(rho_t) A) + beta * KL_t
+
+Every exp of a log-ratio above (rho_t, s_i, KL_t, w_t) takes the log-ratio clamped to
+[-20, 20] first, as veRL's core_algos does (`ratio_from_log`): in float32 exp overflows to
+inf above 88.7, and one such token would make the loss inf and skip the step. Inside the
+bounds nothing changes; beyond them the value is e^(+-20) and the gradient through it 0.
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ import torch
 AdvantageScale = Literal["std", "none"]
 Aggregation = Literal["token_mean", "sequence_mean", "constant"]
 RatioLevel = Literal["token", "sequence"]
+
+LOG_RATIO_BOUND = 20.0  # |log-ratio| before exp; e^20 = 4.9e8 is finite in float32 (inf above 88.7)
 
 
 def group_advantages(
@@ -74,10 +81,20 @@ def informative_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     return ~(grouped == grouped[:, :1]).all(dim=1)
 
 
+def clamp_log_ratio(log_ratio: torch.Tensor) -> torch.Tensor:
+    """log_ratio clamped to [-LOG_RATIO_BOUND, LOG_RATIO_BOUND]: no gradient flows beyond the bounds."""
+    return log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+
+
+def ratio_from_log(log_ratio: torch.Tensor) -> torch.Tensor:
+    """p / q from log p - log q, finite whatever the log-ratio: exp(clamp(log_ratio, -20, 20))."""
+    return torch.exp(clamp_log_ratio(log_ratio))
+
+
 def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     """Schulman's k3 estimator of KL(pi_theta || pi_ref) per token: unbiased and >= 0."""
-    log_ratio = ref_logprobs - logprobs  # log pi_ref - log pi_theta
-    return torch.exp(log_ratio) - log_ratio - 1
+    log_ratio = clamp_log_ratio(ref_logprobs - logprobs)  # log pi_ref - log pi_theta, in [-20, 20]
+    return torch.exp(log_ratio) - log_ratio - 1  # exp(r) - r - 1
 
 
 def loss_denominator(mask: torch.Tensor, aggregation: Aggregation, max_tokens: int | None = None) -> float:
@@ -134,7 +151,7 @@ def truncated_importance_weights(
     old_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, cap: float
 ) -> torch.Tensor:
     """w_t = min(pi_old / pi_sampler, C) per token, without gradient."""
-    return torch.exp(old_logprobs.detach() - sampler_logprobs.detach()).clamp(max=cap)
+    return ratio_from_log(old_logprobs.detach() - sampler_logprobs.detach()).clamp(max=cap)
 
 
 @torch.no_grad()
@@ -142,7 +159,7 @@ def importance_weight_stats(
     old_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, mask: torch.Tensor, cap: float | None
 ) -> dict[str, float]:
     """Mean and max of pi_old / pi_sampler over unmasked tokens, and the fraction above `cap`."""
-    weights = torch.exp(old_logprobs - sampler_logprobs)[mask.bool()]
+    weights = ratio_from_log(old_logprobs - sampler_logprobs)[mask.bool()]
     if weights.numel() == 0:
         return {"is_weight_mean": 1.0, "is_weight_max": 1.0, "is_capped_fraction": 0.0}
     capped = (weights > cap).float().mean().item() if cap is not None else 0.0
@@ -192,7 +209,7 @@ def policy_loss(
         log_ratio = (log_ratio.sum(dim=1, keepdim=True) / lengths).expand_as(log_ratio)  # log s_i
     elif ratio_level != "token":
         raise ValueError(f"ratio_level must be 'token' or 'sequence', got {ratio_level!r}")
-    ratio = torch.exp(log_ratio)  # rho_t = pi_theta / pi_old, or GSPO's s_i on every token of o_i
+    ratio = ratio_from_log(log_ratio)  # rho_t = pi_theta / pi_old, or GSPO's s_i on every token of o_i
     clipped_ratio = torch.clamp(ratio, 1 - clip_low, 1 + clip_high)  # clip(rho, 1-eps_low, 1+eps_high)
     per_token = -torch.min(ratio * adv, clipped_ratio * adv)  # -min(rho A, clip(rho) A)
     if tis_cap is not None:

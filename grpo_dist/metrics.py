@@ -1,4 +1,4 @@
-"""Run outputs: the metric sinks, sample completions, memory peaks, summary.json.
+"""Run outputs: the metric sinks, sample completions, summary.json.
 
 Every metric reaches every configured sink under one name, grouped by what it measures
 (reward/, loss/, policy/, rollout/, time/, system/, eval/; docs/observability.md):
@@ -16,9 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import resource
-import sys
 import time
 from pathlib import Path
 from typing import Any, Protocol
@@ -39,29 +36,8 @@ CONSOLE_KEYS = (
 )
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON through a temporary file and a rename, so readers never see half a file."""
-    staging = path.with_name(f".{path.name}.tmp")
-    staging.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(staging, path)
-
-
 def console_line(metrics: dict[str, float]) -> str:
     return " ".join(f"{label}={metrics[key]:.3g}" for key, label in CONSOLE_KEYS if key in metrics)
-
-
-def peak_memory_mb() -> float:
-    """This process's peak memory in MiB: torch's CUDA allocations where CUDA is in use, else
-    the peak resident set (ru_maxrss: KiB on Linux, bytes on macOS)."""
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        return torch.cuda.max_memory_allocated() / 2**20
-    return resident_peak_mb()
-
-
-def resident_peak_mb() -> float:
-    """This process's peak resident set in MiB (ru_maxrss: KiB on Linux, bytes on macOS)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
 
 
 def sample_records(groups: list[Group], step: int, scale: grpo.AdvantageScale) -> list[dict[str, Any]]:

@@ -1,4 +1,14 @@
-"""Shared fixtures: a real local Ray cluster per test module, shut down afterwards."""
+"""Shared fixtures: a real local Ray cluster per test module, shut down afterwards; the test tiers.
+
+Every test is in one tier, named by a marker that says what it costs:
+
+    unit   no Ray cluster: pure functions, actors' classes called directly, sandboxes, seconds each
+    ray    a real Ray cluster (a fixture in CLUSTERS, or marked by hand where a subprocess starts
+           one), real engines and actors
+    slow   end-to-end training runs, minutes each (marked by hand)
+
+`pytest -m "not slow"` (the README's test command) runs unit and ray; `pytest` runs all three.
+"""
 
 import os
 from pathlib import Path
@@ -17,12 +27,23 @@ ENGINES = [
 ]
 
 
+# Fixtures that start a Ray cluster for their tests.
+CLUSTERS = {"ray_cluster", "two_nodes", "head", "dead_head"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test that is neither slow nor ray by hand: ray when it uses a cluster fixture, else unit."""
+    for item in items:
+        if item.get_closest_marker("slow") is None and item.get_closest_marker("ray") is None:
+            item.add_marker(pytest.mark.ray if CLUSTERS & set(item.fixturenames) else pytest.mark.unit)
+
+
 @pytest.fixture(scope="module")
 def ray_cluster():
     # The actors import the tests' helper modules as the driver does (rewards named "reward_helpers:...").
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
-        ray.init(num_cpus=2, include_dashboard=False, namespace="grpo_dist_tests")
+        ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="grpo_dist_tests")  # never another's
     yield
     ray.shutdown()
 

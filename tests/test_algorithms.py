@@ -9,8 +9,8 @@ import yaml
 
 from grpo_dist.config import Config, effective_reward, load_config
 from grpo_dist.reward.rules import length_penalty
-from grpo_dist.trainer import Trainer
-from test_learner import make_config, make_learner, scored_groups
+from grpo_dist.controller.loop import Trainer
+from learner_helpers import make_config, make_learner, scored_groups
 
 ROOT = Path(__file__).resolve().parent.parent
 ALGOS = sorted((ROOT / "configs" / "algos").glob("*.yaml"))

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from conftest import ENGINES, small_config
 from grpo_dist.tasks.tiny import save_tiny_model
-from grpo_dist.trainer import Trainer
+from grpo_dist.controller.loop import Trainer
 
 ARCHITECTURES = {
     "llama-untied": ("llama", False),

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from conftest import small_config
-from grpo_dist.trainer import Trainer
+from grpo_dist.controller.loop import Trainer
 
 pytestmark = pytest.mark.slow
 

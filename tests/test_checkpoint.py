@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_dist.checkpoint import (
+from grpo_dist.controller.checkpoints import (
     Checkpoint,
     CheckpointError,
     TrainerState,
@@ -18,6 +18,7 @@ from grpo_dist.checkpoint import (
     check_shared_storage,
     checkpoints,
     find_run,
+    is_complete,
     latest_checkpoint,
     resume_checkpoint,
     save_checkpoint,
@@ -79,7 +80,7 @@ def test_the_newest_checkpoints_are_kept(tmp_path):
 CRASHING_SAVE = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from grpo_dist.checkpoint import TrainerState, save_checkpoint
+    from grpo_dist.controller.checkpoints import TrainerState, save_checkpoint
     from grpo_dist.config import Config
 
     def learner(folder: Path) -> None:
@@ -108,6 +109,28 @@ def test_a_kill_during_a_write_leaves_the_previous_checkpoint_loadable(tmp_path)
     assert resume_checkpoint(tmp_path).state == state(1)  # ignored: the previous checkpoint is the latest
     save_checkpoint(tmp_path, state(3), Config(), fake_learner, keep=2)  # the next save cleans it up
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_000001", "step_000003"]
+
+
+def test_saving_a_step_again_replaces_it_whole_or_not_at_all(tmp_path, monkeypatch):
+    """The same step saved twice (SIGTERM right after a periodic save): the old checkpoint stays
+    complete until the new one is renamed in, also when the rename itself fails."""
+    first = save_checkpoint(tmp_path, state(1), Config(), fake_learner, keep=1)
+    policy = (first / "policy" / "model.safetensors").read_bytes()
+
+    def refuse(source, target):
+        raise OSError("disk gone")
+
+    import grpo_dist.atomic
+
+    with monkeypatch.context() as patched:
+        patched.setattr(grpo_dist.atomic.os, "rename", refuse)
+        with pytest.raises(OSError, match="disk gone"):
+            save_checkpoint(tmp_path, state(1), Config(), fake_learner, keep=1)
+    assert is_complete(first) and (first / "policy" / "model.safetensors").read_bytes() == policy
+    again = save_checkpoint(tmp_path, state(1), Config(), fake_learner, keep=1)
+    assert again == first and is_complete(again) and [p.name for p in checkpoints(tmp_path)] == ["step_000001"]
+    assert (again / "policy" / "model.safetensors").read_bytes() != policy  # the new one, whole
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_000001"]  # nothing left aside
 
 
 def test_an_incomplete_checkpoint_is_an_error_that_names_it(tmp_path):
@@ -146,6 +169,15 @@ def test_a_resume_may_change_how_long_and_where_but_not_what_is_trained():
                      "data.prompt_template=Q:{prompt}", "reward.functions.0.weight=2"):
         with pytest.raises(CheckpointError, match=override.split("=")[0].removesuffix(".0.weight")):
             check_resume_config(saved, load_config(None, [override]))
+    with_lora = load_config(None, ["learner.lora={rank: 4, alpha: 8}"])
+    for saved_by, now, named in ((saved, with_lora, "learner.lora"),  # LoRA turned on
+                                 (with_lora.model_dump(mode="json"), Config(), "learner.lora"),  # and off
+                                 (with_lora.model_dump(mode="json"), load_config(None, [
+                                     "learner.lora={rank: 4, alpha: 16}"]), "learner.lora.alpha")):
+        with pytest.raises(CheckpointError, match=rf"cannot resume with a different {named} "):
+            check_resume_config(saved_by, now)
+    check_resume_config(with_lora.model_dump(mode="json"), load_config(None, [
+        "learner.lora={rank: 4, alpha: 8}", "learner.micro_batch_size=2", "learner.num_ranks=2"]))
     del saved["algo"]["lr"]  # a field the checkpoint's version did not have is not compared
     check_resume_config(saved, load_config(None, ["algo.lr=0.5"]))
 

@@ -11,7 +11,7 @@ from grpo_dist.data import read_jsonl
 from grpo_dist.reward.worker import RewardWorker
 from grpo_dist.tasks.code import load_problems, make_splits
 from grpo_dist.tasks.tiny import save_tiny_model
-from grpo_dist.trainer import Trainer
+from grpo_dist.controller.loop import Trainer
 from test_reward_worker import ADD, ADD_TESTS, ADVERSARIAL, group
 
 RECIPE = Path(__file__).resolve().parent.parent / "configs" / "code_unittest.yaml"

@@ -1,4 +1,4 @@
-"""Adversarial tests for the unit-test sandbox in grpo_dist.reward.code.
+"""Adversarial tests for the unit-test sandbox: grpo_dist.reward.unit_tests and its launcher, reward/sandbox.py.
 
 Every case must be scored correctly within its time limit plus a margin, and leave no
 process of the sandbox behind (checked after each test by `no_leftovers`).
@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-import grpo_dist.reward.code as sandbox
-from grpo_dist.reward.code import extract_code, run_tests, unit_test_reward
+from grpo_dist.reward import sandbox
+from grpo_dist.reward.unit_tests import (TAIL_BYTES, UID_BASE, UID_SLOTS, TestReport, extract_code, run_tests,
+                                          unit_test_reward)
 
 MARGIN_S = 1.5  # start-up and scheduling slack on a busy 2-core machine
 ADD = "def add(a, b):\n    return a + b\n"
@@ -39,7 +40,7 @@ def sandbox_processes() -> list[int]:
             uid = int((entry / "status").read_text().split("\nUid:")[1].split()[0])
         except (OSError, IndexError):
             continue  # it exited meanwhile
-        if launcher in cmdline or sandbox._UID_BASE <= uid < sandbox._UID_BASE + sandbox._UID_SLOTS:
+        if launcher in cmdline or UID_BASE <= uid < UID_BASE + UID_SLOTS:
             found.append(int(entry.name))
     return found
 
@@ -50,7 +51,7 @@ def no_leftovers():
     assert sandbox_processes() == []
 
 
-def run(program: str, tests, timeout_s: float = 5.0, **kwargs) -> sandbox.TestReport:
+def run(program: str, tests, timeout_s: float = 5.0, **kwargs) -> TestReport:
     report = run_tests(textwrap.dedent(program), tests, timeout_s=timeout_s, **kwargs)
     assert report.duration_s < timeout_s + MARGIN_S, report
     return report
@@ -144,7 +145,7 @@ def test_fork_fails_past_the_process_limit() -> None:
         import os, time
         children = []
         try:
-            for _ in range({sandbox._MAX_PROCESSES + 5}):
+            for _ in range({sandbox.MAX_PROCESSES + 5}):
                 pid = os.fork()
                 if pid == 0:
                     time.sleep(30)
@@ -152,7 +153,7 @@ def test_fork_fails_past_the_process_limit() -> None:
         except OSError:
             pass
     """
-    report = run(program, [f"assert len(children) < {sandbox._MAX_PROCESSES}"])
+    report = run(program, [f"assert len(children) < {sandbox.MAX_PROCESSES}"])
     assert report.status == "passed"
 
 
@@ -179,7 +180,7 @@ def test_hundred_megabytes_of_output() -> None:
     """)
     report = run(program, ADD_TESTS)
     assert report.status == "passed"
-    assert set(report.stdout_tail) == {"x"} and len(report.stdout_tail) == sandbox._TAIL_BYTES
+    assert set(report.stdout_tail) == {"x"} and len(report.stdout_tail) == TAIL_BYTES
 
 
 @pytest.mark.timeout(30)
@@ -290,7 +291,7 @@ def test_environment_is_not_inherited(monkeypatch: pytest.MonkeyPatch) -> None:
 @needs("uid")
 @pytest.mark.timeout(30)
 def test_runs_as_an_unprivileged_uid_of_its_own() -> None:
-    tests = [f"assert os.getuid() >= {sandbox._UID_BASE}", "assert os.getgroups() == []"]
+    tests = [f"assert os.getuid() >= {UID_BASE}", "assert os.getgroups() == []"]
     report = run("import os", tests)
     assert report.status == "passed"
 

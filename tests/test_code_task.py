@@ -4,7 +4,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from grpo_dist.reward.code import TestReport, run_tests, unit_test_reward
+from grpo_dist.reward.unit_tests import TestReport, run_tests, unit_test_reward
 from grpo_dist.reward.pool import ScoringPool
 from grpo_dist.tasks.code import load_problems
 
@@ -66,7 +66,7 @@ def test_reward_through_the_scoring_pool() -> None:
     answers += [stub(p["entry_point"]) for p in problems]
     items = [(p["prompt"], text, {"tests": p["tests"]}) for p, text in zip(problems * 2, answers)]
     with ScoringPool(num_workers=2, timeout_s=10) as pool:
-        outcomes = pool.score("grpo_dist.reward.code:unit_test_reward", items)
+        outcomes = pool.score("grpo_dist.reward.unit_tests:unit_test_reward", items)
     assert [o.error for o in outcomes] == [None] * 6
     assert [o.value for o in outcomes[:3]] == [1.0] * 3
     assert all(o.value < 1.0 for o in outcomes[3:])

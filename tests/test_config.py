@@ -29,6 +29,11 @@ def test_dotted_overrides_are_typed():
     assert config.trainer.run_name == "demo" and config.data.eval is None
 
 
+def test_an_override_that_is_not_yaml_names_itself():
+    with pytest.raises(ConfigError, match=r"override algo.lr: '\[' is not a YAML value"):
+        load_config(None, ["algo.lr=["])
+
+
 def test_resolved_config_round_trips_through_yaml():
     config = load_config(None, ["algo.lr=3e-5"])
     assert Config.model_validate(yaml.safe_load(dump_config(config))) == config
@@ -76,6 +81,18 @@ def test_cli_bad_config_exits_2_naming_the_field_before_ray_starts():
     result = run_launch("rollout.group_size=1")
     assert result.returncode == 2
     assert "rollout.group_size" in result.stderr and "1" in result.stderr
+    assert "Ray" not in result.stderr + result.stdout  # nothing was started
+
+
+def test_float16_is_refused_naming_the_field_and_why_before_ray_starts():
+    with pytest.raises(ConfigError, match=r"model\.dtype = 'float16': float16 is refused: nothing scales the loss"):
+        load_config(None, ["model.dtype=float16"])
+    assert load_config(None, ["model.dtype=bfloat16"]).model.dtype == "bfloat16"
+    reward_model = "reward.functions=[{name: reward_model, kwargs: {path: org/some-reward-model, dtype: float16}}]"
+    assert load_config(None, [reward_model, "reward.accuracy_from=reward_model"])  # inference only: no loss to scale
+    result = run_launch("model.dtype=float16")
+    assert (result.returncode, result.stderr.count("\n")) == (2, 1), result.stderr
+    assert "model.dtype" in result.stderr and "use bfloat16" in result.stderr
     assert "Ray" not in result.stderr + result.stdout  # nothing was started
 
 

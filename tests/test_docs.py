@@ -13,11 +13,12 @@ def readme_commands() -> list[str]:
     return re.findall(r"```bash\n(.+?)\n```", README.split("## What the default job does")[0])
 
 
-def test_readme_has_exactly_two_commands_and_ci_runs_the_test_one():
+def test_readme_has_exactly_two_commands_and_ci_runs_the_test_one_then_the_slow_tier():
     run_default, run_tests = readme_commands()
     assert run_default.endswith("python -m grpo_dist.launch")
+    assert run_tests.endswith('python -m pytest -m "not slow"')
     ci_lines = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line and not line.startswith("#")]
-    assert ci_lines[-1] == run_tests
+    assert ci_lines[-2:] == [run_tests, ".venv/bin/python -m pytest -m slow"]
 
 
 def test_readme_configuration_reference_is_current():

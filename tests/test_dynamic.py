@@ -1,4 +1,4 @@
-"""Dynamic sampling (DAPO, grpo_dist/dynamic.py): a step trains on prompts_per_step informative
+"""Dynamic sampling (DAPO, grpo_dist/controller/dynamic.py): a step trains on prompts_per_step informative
 groups, found in at most algo.dynamic_sampling_max_rounds rounds.
 
 The pieces by hand (round sizes, the predicate the reward actor filters with, the learner's
@@ -17,11 +17,12 @@ from safetensors.torch import load_file
 from conftest import small_config
 from grpo_dist import grpo
 from grpo_dist.config import resolve_path
-from grpo_dist.dynamic import informative, round_size
+from grpo_dist.controller.dynamic import round_size
+from grpo_dist.reward.chunk_stats import informative
 from grpo_dist.reward.worker import RewardWorker
-from grpo_dist.trainer import Trainer
+from grpo_dist.controller.loop import Trainer
 from grpo_dist.types import Completion, Group
-from test_learner import make_config, make_learner, masters, scored_groups
+from learner_helpers import make_config, make_learner, masters, scored_groups
 
 GROUP, PROMPTS = 4, 8  # small_config's group_size and prompts_per_step
 ROWS = Path(resolve_path("builtin:arithmetic/train.jsonl"))

@@ -12,7 +12,9 @@ from conftest import ENGINES, small_config
 from reward_helpers import known_correct_count
 from grpo_dist.config import BUILTIN_ROOT, ConfigError, dump_config
 from grpo_dist.data import held_out_prompts
-from grpo_dist.eval import evaluate, main, parse_ks, pass_at_k, resolve_checkpoint, start_actors
+from grpo_dist.controller.actors import Actors
+from grpo_dist.eval import main, parse_ks, resolve_checkpoint
+from grpo_dist.evaluation import evaluate, pass_at_k
 
 MODEL = BUILTIN_ROOT / "arithmetic" / "model"
 PASS_AT_N = 4  # samples per prompt for pass@k
@@ -90,10 +92,9 @@ def evaluation(request, ray_cluster, tmp_path_factory):
                           f"weight: 0, kwargs: {{group_size: {PASS_AT_N}}}}}]",
                           # one vLLM engine on 2 cores: 31 s rather than 48
                           f"rollout.num_workers={2 if request.param == 'transformers' else 1}")
-    rollouts, rewards = start_actors(config)
-    yield config, rollouts, rewards, held_out_prompts(config)
-    for actor in (*rollouts, *rewards):
-        ray.kill(actor)
+    actors = Actors.start(config, learner=False)
+    yield config, actors.rollouts, actors.rewards, held_out_prompts(config)
+    actors.stop()
 
 
 def test_evaluate_scores_greedy_completions(evaluation):

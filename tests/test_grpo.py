@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from grpo_dist.grpo import (aggregate, group_advantages, importance_weight_stats, informative_groups, kl_k3,
-                            loss_denominator, policy_loss)
+from grpo_dist.grpo import (LOG_RATIO_BOUND, aggregate, group_advantages, importance_weight_stats, informative_groups,
+                            kl_k3, loss_denominator, policy_loss, truncated_importance_weights)
 
 
 def test_advantages_std_scale_match_hand_values():
@@ -299,3 +299,69 @@ def test_sequence_ratio_refuses_a_per_token_tis_cap():
     with pytest.raises(ValueError, match="sequence"):
         policy_loss(TIS_OLD, TIS_OLD, torch.tensor([1.0]), TIS_MASK, sampler_logprobs=TIS_SAMPLER, tis_cap=2.0,
                     ratio_level="sequence")
+
+
+# ---------------------------------------------------------------- the log-ratio clamp, [-20, 20]
+
+E20 = math.exp(20.0)  # 4.85e8: the largest ratio; float32 overflows at exp(88.7)
+
+
+@pytest.mark.parametrize("ratio_level", ["token", "sequence"])
+def test_a_log_ratio_inside_the_bounds_gives_the_unclamped_value_and_gradient(ratio_level):
+    """One sequence, log-ratios [3, 1] (float64), A = -1: every ratio is above 1 + eps, so
+    -min(rho A, clip(rho) A) = rho is not clipped and carries gradient.
+    token: loss = (e^3 + e^1) / 2, d loss / d logp_t = rho_t / 2.
+    sequence: s = exp((3 + 1) / 2) = e^2 on both tokens, loss = e^2, d loss / d logp_t = s / 2."""
+    old = torch.zeros(1, 2, dtype=torch.float64)
+    logp = torch.tensor([[3.0, 1.0]], dtype=torch.float64, requires_grad=True)
+    loss, stats = policy_loss(logp, old, torch.tensor([-1.0]), torch.ones(1, 2), ratio_level=ratio_level)
+    loss.backward()
+    if ratio_level == "token":
+        assert loss.item() == pytest.approx((math.exp(3) + math.exp(1)) / 2, rel=1e-12)
+        assert logp.grad[0].tolist() == pytest.approx([math.exp(3) / 2, math.exp(1) / 2], rel=1e-12)
+        assert stats["ratio_max"] == pytest.approx(math.exp(3), rel=1e-12)
+    else:
+        assert loss.item() == pytest.approx(math.exp(2), rel=1e-12)
+        assert logp.grad[0].tolist() == pytest.approx([math.exp(2) / 2] * 2, rel=1e-12)
+
+
+@pytest.mark.parametrize("ratio_level", ["token", "sequence"])
+def test_a_log_ratio_beyond_the_bounds_gives_a_finite_loss_at_the_bound(ratio_level):
+    """Log-ratios of 100 (float32: exp(100) = inf, which would skip the step) and -100 on a
+    second sequence. A = -1 on the first: its per-token loss is the clamped ratio e^20 (no
+    gradient through the clamp); A = +1 on the second: -min(rho, clip(rho)) = -e^-20.
+    token_mean over 4 tokens: loss = (2 e^20 - 2 e^-20) / 4."""
+    old = torch.tensor([[0.0, 0.0], [0.0, 0.0]])
+    logp = torch.tensor([[100.0, 100.0], [-100.0, -100.0]], requires_grad=True)
+    assert torch.isinf(torch.exp(logp - old)).any()  # what an unclamped ratio would be
+    loss, stats = policy_loss(logp, old, torch.tensor([-1.0, 1.0]), torch.ones(2, 2), ratio_level=ratio_level)
+    loss.backward()
+    assert LOG_RATIO_BOUND == 20.0
+    assert torch.isfinite(loss) and loss.item() == pytest.approx((2 * E20 - 2 * math.exp(-20)) / 4, rel=1e-6)
+    assert logp.grad.tolist() == [[0.0, 0.0], [0.0, 0.0]]
+    assert stats["ratio_max"] == pytest.approx(E20, rel=1e-6)
+    assert stats["ratio_min"] == pytest.approx(math.exp(-20), rel=1e-6)
+
+
+def test_k3_clamps_its_log_ratio_too():
+    """ref - logp = 2 (inside): k3 = e^2 - 2 - 1 and d k3 / d logp = 1 - e^2, as unclamped.
+    ref - logp = 100 (float32: exp = inf): k3 = e^20 - 20 - 1, finite, no gradient."""
+    logp = torch.tensor([0.0, 0.0], dtype=torch.float64, requires_grad=True)
+    value = kl_k3(logp, torch.tensor([2.0, 100.0], dtype=torch.float64))
+    value.sum().backward()
+    assert value.tolist() == pytest.approx([math.exp(2) - 3, E20 - 21], rel=1e-12)
+    assert logp.grad.tolist() == pytest.approx([1 - math.exp(2), 0.0], rel=1e-12)
+    far = kl_k3(torch.tensor([-100.0]), torch.tensor([0.0]))  # float32
+    assert torch.isfinite(far) and far.item() == pytest.approx(E20 - 21, rel=1e-6)
+    loss, stats = policy_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.tensor([0.0]), torch.ones(1, 1),
+                              ref_logprobs=torch.tensor([[100.0]]), beta=0.5)
+    assert loss.item() == pytest.approx(0.5 * (E20 - 21), rel=1e-6) and stats["kl"] == pytest.approx(E20 - 21, rel=1e-6)
+
+
+def test_importance_weights_clamp_their_log_ratio_too():
+    """pi_old / pi_sampler from a gap of 100 nats: capped by C anyway, and its statistic finite."""
+    old, sampler = torch.tensor([[100.0, math.log(3.0)]]), torch.zeros(1, 2)
+    assert truncated_importance_weights(old, sampler, cap=5.0)[0].tolist() == pytest.approx([5.0, 3.0])
+    stats = importance_weight_stats(old, sampler, torch.ones(1, 2), cap=5.0)
+    assert stats["is_weight_max"] == pytest.approx(E20, rel=1e-6)
+    assert stats["is_weight_mean"] == pytest.approx((E20 + 3) / 2, rel=1e-6)

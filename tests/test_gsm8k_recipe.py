@@ -10,7 +10,7 @@ from gsm8k_helpers import write_gsm8k
 from grpo_dist.config import load_config, vllm_installed
 from grpo_dist.data import prepare_data
 from grpo_dist.tasks.tiny import IM_END, save_tiny_model
-from grpo_dist.trainer import Trainer
+from grpo_dist.controller.loop import Trainer
 
 RECIPE = Path(__file__).resolve().parent.parent / "configs" / "gsm8k.yaml"
 # the recipe's GPU resources and sizes, scaled to two shared CPU cores; nothing about the data

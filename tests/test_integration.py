@@ -9,7 +9,8 @@ import ray
 
 from conftest import ENGINES, small_config
 from grpo_dist.reward.rules import exact_answer
-from grpo_dist.trainer import Trainer, WeightSyncError
+from grpo_dist.controller.loop import Trainer
+from grpo_dist.weights.errors import WeightSyncError
 from grpo_dist.types import SamplingSettings
 
 GROUP = 4

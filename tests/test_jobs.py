@@ -1,5 +1,5 @@
-"""Ray Jobs: `ray job submit --working-dir . -- python -m grpo_dist.launch ...` against a real
-`ray start --head` on 127.0.0.1 with the dashboard on.
+"""Ray Jobs: the README's `ray job submit --working-dir . -- python -m grpo_dist.launch ...` line
+against a real `ray start --head` on 127.0.0.1 with the dashboard on.
 
 The head runs with --block in a process group of its own, on ports chosen here, and with its
 own RAY_TMPDIR, so that its address file never replaces another cluster's
@@ -10,6 +10,7 @@ working directory.
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -56,9 +57,8 @@ def head(tmp_path):
     gcs, dashboard, client, agent = free_ports(4)
     temp = Path(f"/tmp/grpo_jobs_{gcs}")  # short: Ray's socket paths live under it
     env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "RAY_ADDRESS")}
-    # RAY_AUTH_MODE=token: the job CLI then sends the token `ray start` uses (~/.ray/auth_token)
-    env.update(RAY_TMPDIR=str(temp), RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_AUTH_MODE="token",
-               PATH=f"{BIN}:{env['PATH']}")
+    env.pop("RAY_AUTH_MODE", None)  # the README's command line sets it, as a user's would
+    env.update(RAY_TMPDIR=str(temp), RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", PATH=f"{BIN}:{env['PATH']}")
     log = (tmp_path / "head.log").open("w")
     process = subprocess.Popen(
         [str(BIN / "ray"), "start", "--head", "--block", f"--port={gcs}", "--node-ip-address=127.0.0.1",
@@ -82,16 +82,26 @@ def head(tmp_path):
         log.close()
 
 
+def readme_job_line() -> str:
+    """The `ray job submit` line of the README's "On a cluster" section, as written."""
+    [line] = re.findall(r"^.*ray job submit .*$", (ROOT / "README.md").read_text(), flags=re.MULTILINE)
+    return line
+
+
 @pytest.mark.slow
-def test_ray_job_submit_trains_on_a_loopback_cluster(head, tmp_path):
+def test_the_readmes_ray_job_submit_line_trains_on_a_loopback_cluster(head, tmp_path):
+    """The README's line, run as written from the repository's root, with HEAD replaced and
+    overrides appended that fit the run on 2 CPUs and 2 steps."""
     url, env = head
-    result = subprocess.run(
-        [str(BIN / "ray"), "job", "submit", "--address", url, "--working-dir", str(ROOT), "--",
-         "python", "-m", "grpo_dist.launch", "rollout.engine=transformers", "trainer.steps=2", "trainer.mode=async",
-         "trainer.eval_every=0", "data.eval_rows=8", "trainer.progress=false", f"trainer.output_dir={tmp_path}",
-         "trainer.run_name=job"],
-        env=env, capture_output=True, text=True, timeout=600,
-    )
+    line = readme_job_line()
+    assert "http://HEAD:8265" in line and line.startswith("RAY_AUTH_MODE=token ")
+    overrides = ["rollout.engine=transformers", "rollout.num_workers=1", "rollout.num_cpus=0.5", "rollout.threads=1",
+                 "reward.num_workers=1", "reward.num_cpus=0.25", "reward.processes=1", "learner.num_cpus=0.5",
+                 "learner.threads=1", "rollout.prompts_per_step=8", "trainer.steps=2", "trainer.mode=async",
+                 "trainer.eval_every=0", "data.eval_rows=8", "trainer.progress=false",
+                 f"trainer.output_dir={tmp_path}", "trainer.run_name=job"]
+    command = line.replace("http://HEAD:8265", url) + " " + " ".join(overrides)
+    result = subprocess.run(["bash", "-c", command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "succeeded" in result.stdout and "joined the Ray cluster at 127.0.0.1:" in result.stdout
     summary = json.loads((tmp_path / "job" / "summary.json").read_text())

@@ -3,6 +3,7 @@ checked before anything starts; a dead cluster address costs seconds, not minute
 cluster listens on the loopback address only; secrets in the environment stay there."""
 
 import json
+import math
 import os
 import signal
 import socket
@@ -15,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from grpo_dist.checkpoint import TrainerState, save_checkpoint
+from grpo_dist.controller.checkpoints import TrainerState, save_checkpoint
 from grpo_dist.config import load_config
-from grpo_dist.launch import parse_args, plan_run, probe_ray, ray_address_file
+from grpo_dist.cluster import probe_ray, ray_address_file
+from grpo_dist.launch import parse_args, plan_run
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRETS = {"WANDB_API_KEY": "wandb-secret-5f1c0e7a9d", "HF_TOKEN": "hf_secret_93b2d7c4e1"}
@@ -89,6 +91,30 @@ def test_bad_input_is_one_message_exit_2_and_nothing_written(tmp_path):
     assert not (tmp_path / "empty").exists() and not (tmp_path / "nothing").exists()
 
 
+def test_a_local_cluster_fits_the_run_and_one_that_cannot_is_exit_2_in_one_line(tmp_path):
+    """Four learner ranks on a 2-core machine: the cluster connect_ray starts itself gets the
+    logical CPUs the run reserves (it waited cluster.actor_start_timeout_s, then dumped Ray's
+    bundles); a cluster held to fewer CPUs than the actors reserve is refused at once."""
+    sized = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        import ray
+        from grpo_dist.cluster import connect_ray
+        from grpo_dist.config import load_config
+        connect_ray(load_config(None, ["learner.num_ranks=4", "learner.num_cpus=1"]), None)
+        print("CPUs", ray.cluster_resources()["CPU"])
+        ray.shutdown()
+    """)], capture_output=True, text=True, timeout=120, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    reserved = 0.5 + 0.25 + 4 * 1  # the default rollout worker and reward actor, four ranks
+    assert f"CPUs {max(os.cpu_count(), math.ceil(reserved)):.1f}" in sized.stdout, sized.stdout + sized.stderr
+    started = time.monotonic()
+    result = launch("cluster.address=local", "cluster.num_cpus=1", "learner.num_ranks=2",
+                    f"trainer.output_dir={tmp_path}")
+    assert time.monotonic() - started < 60
+    assert result.returncode == 2, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: the cluster cannot hold this run") and "learner 2 x {'CPU': 1.0}" in last
+    assert not (tmp_path / "run").exists() and not any(tmp_path.iterdir())
+
+
 def test_a_dead_explicit_address_is_exit_2_within_seconds(tmp_path):
     for address, problem in ((f"127.0.0.1:{free_port()}", "nothing answers there"),
                              (f"ray://127.0.0.1:{free_port()}", "nothing answers there"),
@@ -120,10 +146,10 @@ def test_the_address_file_is_where_ray_looks(monkeypatch, tmp_path):
 
 LISTENERS = textwrap.dedent("""
     import json, psutil
+    import ray  # first, as the real launcher imports it (Ray reads how to bind when it is imported)
+    from grpo_dist.cluster import connect_ray
     from grpo_dist.config import load_config
-    from grpo_dist.launch import connect_ray
-    connect_ray(load_config(None, ["cluster.address=local", "cluster.num_cpus=2"]))
-    import ray
+    connect_ray(load_config(None, ["cluster.address=local", "cluster.num_cpus=2"]), None)
 
     @ray.remote(num_cpus=0)
     def ping():

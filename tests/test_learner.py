@@ -4,6 +4,9 @@ Groups come from a real transformers engine; rewards are non-binary.
 """
 
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import ray
@@ -12,56 +15,13 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Qwen2Config, Qwen3Config
 
 from conftest import ENGINES
-from grpo_dist.config import load_config, resolve_path
-from grpo_dist.data import build_prompts
-from grpo_dist.learner.schedule import make_scheduler
+from learner_helpers import make_config, make_learner, masters, scored_groups
+from grpo_dist import grpo
+from grpo_dist.config import resolve_path
+from grpo_dist.learner import state
 from grpo_dist.learner.worker import Learner
-from grpo_dist.reward.rules import exact_answer
-from grpo_dist.rollout.hf_engine import load_tokenizer
 from grpo_dist.rollout.worker import RolloutWorker
-from grpo_dist.seeding import prompt_seed
-from grpo_dist.types import SamplingSettings
 from grpo_dist.weights.checksum import state_checksum
-
-BASE = ["rollout.engine=transformers", "rollout.group_size=4", "rollout.threads=1", "learner.threads=1",
-        "algo.lr=1e-3"]
-PROBLEMS = [(58, 67), (12, 30), (99, 1), (45, 45)]
-
-
-def make_config(*overrides: str):
-    return load_config(None, [*BASE, *overrides])
-
-
-def make_learner(*overrides: str, sgd: bool = False) -> Learner:
-    """With `sgd`, plain SGD (lr 0.1) replaces AdamW, so that parameters show the gradient itself:
-    AdamW's first step, lr * g / (|g| + eps), turns float noise in a gradient near 0 (1e-7
-    here, between equal updates computed in different orders) into differences of up to lr."""
-    config = make_config(*overrides)
-    learner = Learner(config.model, config.algo, config.learner, config.rollout, seed=0,
-                      total_steps=config.trainer.steps)
-    if sgd:
-        learner.optimizer = torch.optim.SGD(learner.weights.params, lr=0.1)
-        learner.scheduler = make_scheduler(learner.optimizer, config.algo, config.trainer.steps)
-    return learner
-
-
-def scored_groups(config, problems=PROBLEMS, seed=1234, worker=None):
-    """Groups sampled by a real engine; reward = exact answer + 0.1 per token (non-binary)."""
-    worker = worker or RolloutWorker(config.model, config.rollout, seed=0)
-    rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a, b in problems]
-    prompts = build_prompts(rows, config.data, load_tokenizer(config.model.path))
-    sampling = SamplingSettings(n=config.rollout.group_size, temperature=config.rollout.temperature,
-                                max_new_tokens=config.rollout.max_new_tokens)
-    groups = worker.generate(prompts, sampling, [prompt_seed(seed, 0, i) for i in range(len(prompts))])
-    for group in groups:
-        group.rewards = [exact_answer(group.prompt, c.text, group.row["answer"]) + 0.1 * len(c.token_ids)
-                         for c in group.completions]
-    return groups
-
-
-def masters(learner: Learner) -> list[torch.Tensor]:
-    return [p.detach().clone() for p in learner.weights.params]
-
 
 @pytest.fixture(scope="module")
 def groups():
@@ -194,11 +154,84 @@ def test_a_non_finite_loss_skips_the_step_and_leaves_everything_as_it_was(groups
     assert learner.version == 2
 
 
-def test_extreme_temperature_with_kl_stays_finite(groups):
-    learner = make_learner("algo.beta=0.5", "rollout.temperature=0.05", "learner.micro_batch_size=3")
+def test_the_learner_and_data_load_models_without_the_rollout_package():
+    """Model and tokenizer loading is shared (grpo_dist/models.py), not borrowed from an engine."""
+    code = ("import sys, grpo_dist.learner.worker, grpo_dist.data; "
+            "print(sorted(m for m in sys.modules if m.startswith('grpo_dist.rollout')))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert result.stdout.strip() == "[]"
+
+
+def completion_logprobs(model: torch.nn.Module, groups, temperature: float) -> list[torch.Tensor]:
+    """log softmax(logits / T) of each completion's tokens, one unpadded sequence at a time, in float64."""
+    values = []
+    with torch.no_grad():
+        for group in groups:
+            for completion in group.completions:
+                ids = torch.tensor([group.prompt_ids + completion.token_ids])
+                logits = model(input_ids=ids).logits[0, :-1].double() / temperature
+                targets = ids[0, 1:]
+                all_logprobs = logits.log_softmax(dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+                values.append(all_logprobs[len(group.prompt_ids) - 1 :])
+    return values
+
+
+@pytest.mark.parametrize("lr,beyond_bounds", [("3e-5", False), ("1e-3", True)])
+def test_extreme_temperature_kl_after_an_update_matches_an_independent_computation(groups, lr, beyond_bounds):
+    """Temperature 0.05 (logits x 20), beta 0.5, micro-batches of 3. The first step runs at
+    pi_theta = pi_ref (KL exactly 0); the second at the updated weights, where its KL is the
+    token mean of k3 = exp(r) - r - 1, r = log pi_ref - log pi_theta clamped to [-20, 20],
+    computed here in float64 from two plain transformers models, one sequence at a time.
+    lr 3e-5: every |r| < 20 (measured max 7.8, KL 0.14), k3 as written. lr 1e-3: |r| up to
+    266 on 17% of the tokens, where an unclamped exp overflowed and the step was skipped."""
+    learner = make_learner("algo.beta=0.5", "rollout.temperature=0.05", "learner.micro_batch_size=3", f"algo.lr={lr}")
+    assert learner.train_step(groups)["loss/kl"] == 0.0
+    path = resolve_path("builtin:arithmetic/model")
+    reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    policy.load_state_dict(learner.export_weights())  # the weights the second step starts from
+    r = torch.cat([ref - theta for ref, theta in zip(completion_logprobs(reference, groups, 0.05),
+                                                     completion_logprobs(policy, groups, 0.05))])
+    assert bool((r.abs() > 20).any()) == beyond_bounds
+    r = r.clamp(-20.0, 20.0)
+    expected = (r.exp() - r - 1).mean().item()
     metrics = learner.train_step(groups)
     assert metrics["policy/step_skipped"] == 0.0
     assert all(math.isfinite(value) for value in metrics.values()), metrics
+    assert expected > 0.1
+    assert metrics["loss/kl"] == pytest.approx(expected, rel=1e-4)  # measured 3e-6 and 2e-7
+
+
+def test_bfloat16_micro_batches_accumulate_the_whole_batch_update(groups, monkeypatch):
+    """bf16 compute copies, float32 masters, micro-batches of 3 (6 of them) against the whole
+    batch at once, with beta > 0. SGD without gradient clipping, so the master update is -lr
+    times the accumulated gradient itself (AdamW's first step, lr * g / |g|, and clipping to
+    max_grad_norm would both hide a wrong scale).
+
+    Tolerance: bf16 keeps 8 significant bits (a rounding of up to 2^-9 = 0.2% per value); the
+    two runs compute every activation and gradient in bf16 in differently shaped (padded)
+    batches, so their gradients differ by such roundings: measured 0.31% of the update's norm
+    (float32: 7e-6). 2% holds that with room and is far below the error of a wrong divisor:
+    dividing each micro-batch's loss by its own tokens instead of the whole batch's gives 457%
+    (measured below on the same batch)."""
+    common = ["model.dtype=bfloat16", "algo.beta=0.1", "algo.max_grad_norm=1e9"]
+    start = masters(make_learner(*common, sgd=True))
+
+    def update(*overrides: str) -> torch.Tensor:
+        learner = make_learner(*common, *overrides, sgd=True)
+        assert learner.train_step(groups)["policy/step_skipped"] == 0.0
+        return torch.cat([(after - before).flatten() for after, before in zip(masters(learner), start)])
+
+    def error(got: torch.Tensor, want: torch.Tensor) -> float:
+        return ((got - want).norm() / want.norm()).item()
+
+    whole = update()
+    assert whole.abs().max() > 0
+    assert error(update("learner.micro_batch_size=3"), whole) < 0.02
+    policy_loss = grpo.policy_loss
+    monkeypatch.setattr(grpo, "policy_loss", lambda *args, denominator, **kwargs:
+                        policy_loss(*args, **kwargs))  # without the whole batch's D: the micro-batch's own
+    assert error(update("learner.micro_batch_size=3"), whole) > 1.0
 
 
 def test_save_then_load_gives_the_same_next_step_bit_for_bit(groups, tmp_path):
@@ -224,6 +257,44 @@ def test_save_then_load_gives_the_same_next_step_bit_for_bit(groups, tmp_path):
     assert AutoTokenizer.from_pretrained(policy_dir).pad_token is not None
     with safe_open(policy_dir / "model.safetensors", "pt") as stored:
         assert {stored.get_slice(name).get_dtype() for name in stored.keys()} == {"F32"}
+
+
+def test_save_replaces_the_folder_atomically_and_a_failed_save_keeps_the_old_one(groups, tmp_path, monkeypatch):
+    """The old folder stays whole at the path until the new one is complete: a write that fails
+    halfway, or a rename in that fails, leaves it as it was and no hidden sibling behind."""
+    learner = make_learner()
+    target = tmp_path / "final"
+    learner.save(str(target))
+    old = (target / "model.safetensors").read_bytes()
+    learner.train_step(groups)
+
+    def write_half(weights, tokenizer, directory):
+        (directory / "config.json").write_text("{}")
+        raise OSError("disk full")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(state, "save_policy", write_half)
+        with pytest.raises(OSError, match="disk full"):
+            learner.save(str(target))
+    assert (target / "model.safetensors").read_bytes() == old and os.listdir(tmp_path) == ["final"]
+
+    real_rename = os.rename
+
+    def rename_in_fails(source, destination):
+        if destination == target and not os.path.basename(source).startswith(".final.old."):
+            raise OSError("rename in failed")
+        real_rename(source, destination)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(os, "rename", rename_in_fails)
+        with pytest.raises(OSError, match="rename in failed"):
+            learner.save(str(target))
+    assert (target / "model.safetensors").read_bytes() == old and os.listdir(tmp_path) == ["final"]
+
+    assert learner.save(str(target)) == str(target)
+    assert os.listdir(tmp_path) == ["final"]
+    saved = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).state_dict()
+    assert state_checksum(saved) == learner.checksum() and (target / "model.safetensors").read_bytes() != old
 
 
 def test_the_reference_is_refreshed_every_k_steps_and_resumes(groups, tmp_path):

@@ -14,10 +14,12 @@ import torch
 from ray.util.placement_group import placement_group_table
 
 from conftest import small_config
-from grpo_dist.learner.group import start_learner
-from grpo_dist.trainer import Trainer
+from grpo_dist.controller.loop import Trainer
+from grpo_dist.learner.group import LearnerGroup, offer_learner_methods, start_learner, unrouted
+from grpo_dist.learner.worker import Learner
+from grpo_dist.waits import CallTimeout
 from grpo_dist.weights.checksum import state_checksum
-from test_learner import make_config, make_learner, masters, scored_groups
+from learner_helpers import make_config, make_learner, masters, scored_groups
 
 COMMON = ["algo.beta=0.1", "rollout.temperature=0.7", "learner.micro_batch_size=3", "learner.num_cpus=0.5"]
 CASES = {
@@ -42,6 +44,80 @@ def use_sgd(learner):
 
 def rank_masters(learner):
     return [p.detach().clone() for p in learner.weights.params]
+
+
+def test_every_public_learner_method_is_offered_by_the_group():
+    """A Learner method that ROUTES does not name (nor the group define) fails the import."""
+    assert unrouted(Learner, LearnerGroup) == []
+
+    class Grown(Learner):
+        def new_method(self) -> None: ...
+
+    assert unrouted(Grown, LearnerGroup) == ["new_method"]
+    with pytest.raises(TypeError, match=r"\['checksum', 'train_step'\]"):
+        offer_learner_methods(type("Bare", (), {}))  # routes everything but what the group combines
+
+
+@ray.remote(num_cpus=0)
+class FakeRank:
+    """Answers like a Learner rank, with its own values; records what it was asked; `slow` methods hang."""
+
+    def __init__(self, index: int, slow: tuple[str, ...] = ()) -> None:
+        self.index, self.slow, self.calls = index, slow, []
+
+    def _answer(self, method: str, value):
+        self.calls.append(method)
+        if method in self.slow:
+            time.sleep(60)
+        return value
+
+    def save(self, path):
+        return self._answer("save", f"rank {self.index} saved {path}")
+
+    def load_state(self, directory):
+        return self._answer("load_state", self.index)
+
+    def checksum(self):
+        return self._answer("checksum", "same" if self.index < 2 else "other")
+
+    def train_step(self, groups):
+        return self._answer("train_step", {"loss/total": float(self.index + len(groups)),
+                                           "system/learner_peak_memory_mb": [300.0, 500.0, 400.0][self.index]})
+
+    def seen(self):
+        return self.calls
+
+
+def fake_group(*slow: tuple[str, ...], timeout_s: float = 30.0) -> LearnerGroup:
+    """A group over one FakeRank per argument, each hanging in the methods named there."""
+    group = LearnerGroup.__new__(LearnerGroup)  # no placement group, no real ranks
+    group.ranks = [FakeRank.remote(index, rank_slow) for index, rank_slow in enumerate(slow)]
+    group.timeout_s = timeout_s
+    return group
+
+
+def test_the_group_routes_combines_and_bounds_each_call(ray_cluster):
+    """save on rank 0 alone, load_state on every rank (rank 0's answer); train_step gives rank
+    0's metrics with the largest peak memory; checksum refuses ranks that disagree; a late rank
+    ends the wait at timeout_s with a CallTimeout that names it and the method."""
+    group = fake_group((), (), ())
+    assert group.save("out") == "rank 0 saved out"  # rank 0 alone
+    assert group.load_state("state") == 0  # every rank; rank 0's answer
+    assert group.train_step([1, 2], [3], max_groups=2) == {"loss/total": 2.0, "system/learner_peak_memory_mb": 500.0}
+    with pytest.raises(RuntimeError, match="learner ranks hold different weights"):
+        group.checksum()
+    assert ray.get([rank.seen.remote() for rank in group.ranks]) == [
+        ["save", "load_state", "train_step", "checksum"], *[["load_state", "train_step", "checksum"]] * 2]
+    for rank in group.ranks:
+        ray.kill(rank)
+    group = fake_group(("save",), (), ("load_state",), timeout_s=3.0)
+    ray.get([rank.seen.remote() for rank in group.ranks])  # started: the bound is on the calls alone
+    with pytest.raises(CallTimeout, match=r"^learner rank 2: load_state: not done after 3 s \(trainer.call_timeout_s\)$"):
+        group.load_state("state")
+    with pytest.raises(CallTimeout, match=r"learner rank 0: save: not done after 3 s"):
+        group.save("out")
+    for rank in group.ranks:
+        ray.kill(rank)
 
 
 @pytest.fixture(scope="module")

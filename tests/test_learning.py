@@ -3,7 +3,7 @@
 import pytest
 
 from grpo_dist.config import load_config, vllm_installed
-from grpo_dist.trainer import Trainer
+from grpo_dist.controller.loop import Trainer
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ from conftest import ENGINES
 from grpo_dist.config import resolve_path
 from grpo_dist.learner.worker import Learner
 from grpo_dist.rollout.worker import RolloutWorker
-from test_learner import make_config, make_learner, scored_groups
+from learner_helpers import make_config, make_learner, scored_groups
 
 LORA = ["learner.lora.rank=4", "learner.lora.alpha=8", "algo.beta=0.1", "learner.micro_batch_size=3"]
 

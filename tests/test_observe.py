@@ -15,7 +15,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from wandb.proto import wandb_internal_pb2
 
 from conftest import small_config
-from grpo_dist.trainer import Trainer
+from grpo_dist.controller.loop import Trainer
 
 STEPS = 3
 

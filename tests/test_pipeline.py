@@ -10,9 +10,10 @@ import pytest
 import ray
 
 from conftest import small_config
-from grpo_dist.pipeline import CallTimeout, ChunkFailed
+from grpo_dist.controller.errors import ChunkFailed
+from grpo_dist.waits import CallTimeout
 from grpo_dist.seeding import prompt_seed
-from grpo_dist.trainer import Trainer
+from grpo_dist.controller.loop import Trainer
 
 GROUP = 4
 
@@ -41,27 +42,27 @@ def submit(trainer, prompts: int = 8):
 def test_chunks_alternate_workers_and_every_group_carries_its_version(trainer):
     batch = submit(trainer)
     assert [c.worker for c in batch.chunks] == [0, 0, 1, 1]  # contiguous shares, 2 prompts a chunk
-    collected = trainer.pipeline.collect(batch, trainer.version)
-    assert collected.versions == [1] * 4 and collected.metrics["rollout/staleness_max"] == 0
-    groups = [g for chunk in ray.get(collected.groups) for g in chunk]
+    scored = trainer.pipeline.collect(batch, trainer.version)
+    assert scored.versions == [1] * 4 and scored.metrics["rollout/staleness_max"] == 0
+    groups = [g for chunk in ray.get(scored.group_refs) for g in chunk]
     assert [g.prompt_index for g in groups] == [p.index for c in batch.chunks for p in c.prompts]
     assert {g.policy_version for g in groups} == {1} and all(len(g.rewards) == GROUP for g in groups)
-    assert collected.metrics["reward/exact_answer/failures"] == 0.0
-    assert 0 <= collected.metrics["reward/accuracy"] <= 1 and collected.metrics["rollout/dropped_stale"] == 0
+    assert scored.metrics["reward/exact_answer/failures"] == 0.0
+    assert 0 <= scored.metrics["reward/accuracy"] <= 1 and scored.metrics["rollout/dropped_stale"] == 0
 
 
 def test_a_chunk_sampled_by_other_weights_is_generated_again_after_the_current_weights(trainer):
     relabel(trainer, 1, 0)  # worker 1 now claims version 0, as a restarted engine would
     retries = trainer.counters["rollout/retries"]
     batch = submit(trainer)
-    collected = trainer.pipeline.collect(batch, trainer.version)
-    assert collected.versions == [1] * 4, "worker 1 got version 1 again, then generated its chunks again"
+    scored = trainer.pipeline.collect(batch, trainer.version)
+    assert scored.versions == [1] * 4, "worker 1 got version 1 again, then generated its chunks again"
     assert [c.worker for c in batch.chunks] == [0, 0, 1, 1]
-    assert collected.metrics["rollout/dropped_stale"] == 4.0  # groups
+    assert scored.metrics["rollout/dropped_stale"] == 4.0  # groups
     assert trainer.counters["rollout/retries"] == retries + 2  # chunks
-    assert {g.policy_version for chunk in ray.get(collected.groups) for g in chunk} == {1}
-    trainer.verify_pushed(trainer.version)  # the repair's push: the learner's weights, verified
-    assert not trainer.unverified and trainer.counters["rollout/restarts"] == 0  # no process died
+    assert {g.policy_version for chunk in ray.get(scored.group_refs) for g in chunk} == {1}
+    trainer.supervisor.verify_through(trainer.version)  # the repair's push: the learner's weights, verified
+    assert not trainer.weights.pending and trainer.counters["rollout/restarts"] == 0  # no process died
 
 
 def test_a_later_round_of_a_step_continues_its_positions_and_the_rounds_combine(trainer):
@@ -75,21 +76,21 @@ def test_a_later_round_of_a_step_continues_its_positions_and_the_rounds_combine(
                                                                  for p in range(4, 7)]
     rounds = [(batch, trainer.pipeline.collect(batch, trainer.version)) for batch in (first, later)]
     whole = trainer.pipeline.combine(rounds, trainer.version)
-    assert whole.groups == [c.groups for c in first.chunks + later.chunks] and whole.versions == [1] * 4
-    means = [collected.metrics["reward/mean"] for _, collected in rounds]
+    assert whole.group_refs == [c.scored for c in first.chunks + later.chunks] and whole.versions == [1] * 4
+    means = [scored.metrics["reward/mean"] for _, scored in rounds]
     assert whole.metrics["reward/mean"] == pytest.approx((16 * means[0] + 12 * means[1]) / 28)  # by completions
-    assert whole.generate_busy_s == pytest.approx(sum(collected.generate_busy_s for _, collected in rounds))
+    assert whole.generate_busy_s == pytest.approx(sum(scored.generate_busy_s for _, scored in rounds))
 
 
 def test_a_chunk_that_keeps_failing_stops_the_run_with_a_clear_error(trainer):
     relabel(trainer, 0, 0)
-    trainer.pipeline.max_retries = 0
+    trainer.supervisor.max_retries = 0
     try:
         with pytest.raises(ChunkFailed, match=r"rollout worker 0: generate_chunk \(chunk 0 of step 77\): gave up "
                                               r"after 0 retries: sampled by policy version 0, not 1"):
             trainer.pipeline.collect(submit(trainer), trainer.version)
     finally:
-        trainer.pipeline.max_retries = trainer.config.cluster.max_restarts + 1
+        trainer.supervisor.max_retries = trainer.config.cluster.max_restarts + 1
         relabel(trainer, 0, trainer.version)
 
 

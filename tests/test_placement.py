@@ -15,8 +15,9 @@ from ray.util.placement_group import placement_group_table, remove_placement_gro
 
 from grpo_dist.config import load_config
 from grpo_dist.metrics import MetricsLog
-from grpo_dist.placement import Role, create_placement_group, in_bundle, roles
-from grpo_dist.trainer import Actors, Trainer
+from grpo_dist.controller.placement import Role, create_placement_group, in_bundle, roles
+from grpo_dist.controller.actors import Actors
+from grpo_dist.controller.loop import Trainer
 
 ENGINES = {"num_cpus": 2, "resources": {"engine_node": 4}, "labels": {"pool": "engines"}}
 TRAINER = {"num_cpus": 2, "num_gpus": 1, "resources": {"trainer_node": 4}, "labels": {"pool": "trainer"}}
@@ -86,6 +87,22 @@ def test_a_learner_and_an_engine_share_a_gpu_by_asking_for_half_each(two_nodes, 
     wait_for_free_cpus(4.0)
 
 
+def test_actors_that_cannot_be_placed_end_in_one_message_naming_the_role(two_nodes, tmp_path):
+    from grpo_dist.controller.errors import NotPlaced
+
+    config = load_config(None, ["rollout.node_labels={pool: nowhere}", "rollout.engine=transformers",
+                                "cluster.actor_start_timeout_s=3", f"trainer.output_dir={tmp_path}"])
+    started = time.monotonic()
+    with pytest.raises(NotPlaced) as raised:
+        Actors.start(config)
+    message = str(raised.value)
+    assert time.monotonic() - started < 60 and "\n" not in message
+    assert message.startswith("rollout worker 0: start: not done after 3 s (cluster.actor_start_timeout_s)")
+    assert "placement groups not placed: rollout;" in message and "node_labels" in message
+    assert "reward actor" not in message.split(";")[0]  # the others were placed and started
+    wait_for_free_cpus(4.0)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_a_run_places_every_role_where_configured(two_nodes, tmp_path, mode):
@@ -130,3 +147,19 @@ def wait_for_free_cpus(cpus: float, timeout_s: float = 30.0) -> None:
     while ray.available_resources().get("CPU", 0.0) < cpus:
         assert time.monotonic() < deadline, f"CPUs not released: {ray.available_resources()}"
         time.sleep(0.2)
+
+
+def test_what_a_run_reserves_and_whether_a_cluster_holds_it():
+    from grpo_dist.controller.errors import StartError
+    from grpo_dist.controller.placement import check_capacity, required_resources
+
+    config = load_config(None, ["rollout.num_workers=2", "rollout.num_cpus=1.5", "reward.num_workers=3",
+                                "reward.num_cpus=0.5", "learner.num_ranks=2", "learner.num_cpus=1",
+                                "learner.num_gpus=1", "learner.resources={trainer_node: 1}"])
+    assert required_resources(config) == {"CPU": 2 * 1.5 + 3 * 0.5 + 2 * 1, "GPU": 2.0, "trainer_node": 2.0}
+    check_capacity(config, {"CPU": 6.5, "GPU": 2.0, "trainer_node": 2.0})
+    with pytest.raises(StartError) as short:
+        check_capacity(config, {"CPU": 6.0, "GPU": 2.0, "trainer_node": 1.0})
+    message = str(short.value)
+    assert "\n" not in message and "CPU 6.5 (the cluster has 6)" in message and "trainer_node 2" in message
+    assert "GPU" not in message.split(";")[0] and "learner 2 x" in message and "rollout 2 x {'CPU': 1.5}" in message

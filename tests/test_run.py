@@ -5,7 +5,7 @@ import json
 import torch
 
 from conftest import small_config
-from grpo_dist.trainer import Trainer
+from grpo_dist.controller.loop import Trainer
 
 
 def test_a_short_run_writes_the_run_directory(ray_cluster, tmp_path):

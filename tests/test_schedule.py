@@ -5,7 +5,7 @@ import math
 import pytest
 
 from grpo_dist.learner.schedule import lr_factor
-from test_learner import make_learner, scored_groups, make_config
+from learner_helpers import make_learner, scored_groups, make_config
 
 
 @pytest.mark.parametrize("schedule,expected", [

@@ -5,7 +5,7 @@ import signal
 
 import pytest
 
-from grpo_dist.signals import stop_on_signals
+from grpo_dist.controller.signals import stop_on_signals
 
 
 def test_the_first_signal_asks_to_stop_the_second_stops_now_and_the_handlers_come_back():

@@ -19,7 +19,7 @@ from grpo_dist.rollout.vllm_engine import VLLMEngine  # noqa: E402
 from grpo_dist.tasks.tiny import EOS_ID, build_tokenizer, save_tiny_model  # noqa: E402
 from grpo_dist.types import Completion, SamplingSettings  # noqa: E402
 from grpo_dist.weights.checksum import state_checksum  # noqa: E402
-from grpo_dist.weights.nccl import pack, plan_buckets  # noqa: E402
+from grpo_dist.weights.buckets import pack, plan_buckets  # noqa: E402
 
 LOGPROB_TOL = 1e-4
 

@@ -12,8 +12,9 @@ import ray
 import grpo_dist.config
 from conftest import ENGINES, small_config
 from grpo_dist.config import Config, ConfigError, load_config, resolve_weight_sync
-from grpo_dist.trainer import Trainer, WeightSyncError
+from grpo_dist.controller.loop import Trainer
 from grpo_dist.weights import ObjectStoreSync, make_weight_sync
+from grpo_dist.weights.errors import WeightSyncError
 from grpo_dist.weights.nccl import NcclSync, engine_rank_offsets
 
 GPUS = ["learner.num_gpus=1", "rollout.num_gpus=1"]

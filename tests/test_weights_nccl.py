@@ -1,4 +1,4 @@
-"""Bucketed weight broadcast (weights/nccl.py), with a loopback in place of NCCL.
+"""Bucketed weight broadcast (weights/buckets.py, weights/nccl.py), with a loopback in place of NCCL.
 
 The NCCL transport itself needs two GPUs and is not exercised here; the plan, the packing
 and the order of collectives are.
@@ -9,7 +9,8 @@ import sys
 
 import torch
 
-from grpo_dist.weights.nccl import ALIGN, plan_buckets, receive, send
+from grpo_dist.weights.buckets import ALIGN, plan_buckets
+from grpo_dist.weights.nccl import receive, send
 
 
 class Loopback:
@@ -68,7 +69,8 @@ def test_one_bucket_when_everything_fits():
 
 
 def test_the_weights_package_imports_nothing_from_rollout_nor_vllm():
-    code = ("import sys, grpo_dist.weights, grpo_dist.weights.nccl, grpo_dist.weights.checksum; "
+    code = ("import sys, grpo_dist.weights, grpo_dist.weights.buckets, grpo_dist.weights.checksum, "
+            "grpo_dist.weights.errors, grpo_dist.weights.nccl, grpo_dist.weights.object_store; "
             "print(sorted(m for m in sys.modules if m.startswith(('grpo_dist.rollout', 'vllm'))))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert result.stdout.strip() == "[]"

@@ -9,9 +9,10 @@ GPUs) and offers the Learner's methods:
 - train_step(*chunks, max_groups): every rank gets the whole batch (one object-store copy) and trains
   on its share; the metrics are rank 0's (already summed over ranks), the peak memory the
   largest of any rank.
-- export_weights, checksum, save, save_state, logprobs, and the weight-group methods: rank 0.
-  checksum first checks that every rank holds the same weights.
-- load_state: every rank.
+- checksum: every rank's, which must agree (every rank holds the same weights).
+- every other Learner method as `ROUTES` says: rank 0 alone, or every rank (rank 0's
+  result). A public Learner method that is neither routed nor defined here (nor the group's
+  own, `join_ranks`) is an error when this module is imported.
 - close(): ends the ranks and the placement group the group made.
 
 Every wait on a rank is bounded by `timeout_s` (trainer.call_timeout_s); past it CallTimeout
@@ -27,17 +28,38 @@ sends from rank 0 directly.
 
 from __future__ import annotations
 
-import time
-from typing import Any
+import functools
+from collections.abc import Callable
+from typing import Any, Literal
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 
 from grpo_dist.config import AlgoConfig, Config, LearnerConfig, ModelConfig, RolloutConfig
 from grpo_dist.learner.worker import Learner
-from grpo_dist.pipeline import CallTimeout, fetch
-from grpo_dist.placement import in_bundle
+from grpo_dist.waits import fetch
+from grpo_dist.controller.placement import in_bundle
 from grpo_dist.types import Group
+
+Route = Literal["rank 0", "every rank"]
+
+# Where the group runs each Learner method that it passes on unchanged. Rank 0 alone where
+# one copy of the weights is enough (the ranks hold the same ones: checksum checks it) or
+# where one writer is wanted; every rank where each rank's own state changes.
+ROUTES: dict[str, Route] = {
+    "logprobs": "rank 0",
+    "export_weights": "rank 0",
+    "weight_group_address": "rank 0",
+    "join_weight_group": "rank 0",
+    "weight_plan": "rank 0",
+    "send_weights": "rank 0",
+    "leave_weight_group": "rank 0",
+    "save": "rank 0",
+    "save_state": "rank 0",
+    "write_probe": "rank 0",
+    "load_state": "every rank",
+}
+GROUP_ONLY = {"join_ranks"}  # the group joins its ranks itself; the controller never calls it
 
 
 def learner_bundles(learner: LearnerConfig) -> list[dict[str, float]]:
@@ -63,17 +85,10 @@ def start_learner(config: Config, placement: PlacementGroup | None = None) -> An
 
 def gather(futures: list[ray.ObjectRef], method: str, timeout_s: float) -> list[Any]:
     """Every rank's result of `method`, in order; the first failure raises as soon as it is known
-    (not after the others), and CallTimeout names the ranks not done after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    pending = list(futures)
-    while pending:
-        done, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
-        if not done:
-            ranks = [index for index, future in enumerate(futures) if future in set(pending)]
-            raise CallTimeout(f"learner ranks {ranks}: {method}: not done after {timeout_s:g} s "
-                              "(trainer.call_timeout_s)")
-        ray.get(done)  # raises a rank's exception now: its peers may be blocked in a collective
-    return ray.get(futures)
+    (not after the others: its peers may be blocked in a collective), and CallTimeout names the
+    ranks not done after `timeout_s`."""
+    names = [f"learner rank {rank}: {method}" for rank in range(len(futures))]
+    return fetch(futures, names, timeout_s, fail_fast=True)
 
 
 class LearnerGroup:
@@ -92,14 +107,17 @@ class LearnerGroup:
                              ).remote(model, algo, learner, rollout, seed, total_steps)
             for index in range(learner.num_ranks)
         ]
-        host, port = self.first("weight_group_address")
+        host, port = self.call("weight_group_address", "rank 0")
         gather([rank.join_ranks.remote(host, port, index, len(self.ranks)) for index, rank in enumerate(self.ranks)],
                "join_ranks", timeout_s)
 
-    def first(self, method: str, *args: Any) -> Any:
-        """Rank 0's `method(*args)`, waited for at most timeout_s."""
-        ref = getattr(self.ranks[0], method).remote(*args)
-        return fetch([ref], [f"learner rank 0: {method}"], self.timeout_s)[0]
+    def call(self, method: str, route: Route, *args: Any, **kwargs: Any) -> Any:
+        """The ranks' `method(*args, **kwargs)` as `route` says, rank 0's result, waited for at most timeout_s."""
+        if route == "rank 0":
+            ref = getattr(self.ranks[0], method).remote(*args, **kwargs)
+            return fetch([ref], [f"learner rank 0: {method}"], self.timeout_s)[0]
+        futures = [getattr(rank, method).remote(*args, **kwargs) for rank in self.ranks]
+        return gather(futures, method, self.timeout_s)[0]
 
     def train_step(self, *chunks: list[Group], max_groups: int | None = None) -> dict[str, float]:
         groups = ray.put([group for chunk in chunks for group in chunk][:max_groups])
@@ -113,42 +131,41 @@ class LearnerGroup:
             raise RuntimeError(f"learner ranks hold different weights: checksums {checksums}")
         return checksums[0]
 
-    def export_weights(self) -> dict:
-        return self.first("export_weights")
-
-    def logprobs(self, groups: list[Group]) -> list[list[list[float]]]:
-        return self.first("logprobs", groups)
-
-    def save(self, path: str) -> str:
-        return self.first("save", path)
-
-    def save_state(self, directory: str) -> None:
-        self.first("save_state", directory)
-
-    def load_state(self, directory: str) -> int:
-        return gather([rank.load_state.remote(directory) for rank in self.ranks], "load_state", self.timeout_s)[0]
-
-    def write_probe(self, path: str, text: str) -> None:
-        self.first("write_probe", path, text)
-
-    def weight_group_address(self) -> tuple[str, int]:
-        return self.first("weight_group_address")
-
-    def join_weight_group(self, *args: Any) -> None:
-        self.first("join_weight_group", *args)
-
-    def weight_plan(self, bucket_bytes: int) -> list:
-        return self.first("weight_plan", bucket_bytes)
-
-    def send_weights(self, buckets: list) -> None:
-        self.first("send_weights", buckets)
-
-    def leave_weight_group(self) -> None:
-        self.first("leave_weight_group")
-
     def close(self) -> None:
         """End the ranks, and the placement group if the group made it."""
         for rank in self.ranks:
             ray.kill(rank)
         if self.owns_placement:
             remove_placement_group(self.placement)
+
+
+def forwarding(method: str, route: Route) -> Callable[..., Any]:
+    """A LearnerGroup method that runs the Learner's `method` as `route` says (its name,
+    signature and docstring are the Learner's)."""
+
+    @functools.wraps(getattr(Learner, method))
+    def forward(self: LearnerGroup, *args: Any, **kwargs: Any) -> Any:
+        return self.call(method, route, *args, **kwargs)
+
+    return forward
+
+
+def unrouted(learner_cls: type, group_cls: type) -> list[str]:
+    """The public methods of `learner_cls` that `group_cls` does not offer (GROUP_ONLY aside)."""
+    return sorted(name for name in dir(learner_cls) if not name.startswith("_") and name not in GROUP_ONLY
+                  and callable(getattr(learner_cls, name)) and not hasattr(group_cls, name))
+
+
+def offer_learner_methods(group_cls: type) -> None:
+    """Give `group_cls` a forwarding method for each of ROUTES; TypeError if that leaves out a
+    public Learner method (so that a new one cannot be forgotten) or overrides one of its own."""
+    for method, route in ROUTES.items():
+        if method in vars(group_cls):
+            raise TypeError(f"{group_cls.__name__}.{method} is both defined and in ROUTES: drop one")
+        setattr(group_cls, method, forwarding(method, route))
+    if missing := unrouted(Learner, group_cls):
+        raise TypeError(f"{group_cls.__name__} does not offer the Learner's {missing}: add them to ROUTES "
+                        "(learner/group.py)")
+
+
+offer_learner_methods(LearnerGroup)

@@ -1,4 +1,4 @@
-"""What one learner step reports: loss and policy statistics, sampler agreement, memory.
+"""What one learner step reports: loss and policy statistics, sampler agreement.
 
 Names follow the project's metric table: `loss/...`, `policy/...`, `rollout/...`, `system/...`.
 """
@@ -11,7 +11,6 @@ import torch
 
 from grpo_dist import grpo
 from grpo_dist.learner.distributed import DataParallel
-from grpo_dist.metrics import resident_peak_mb
 
 
 class StepStats:
@@ -94,15 +93,3 @@ def sampler_agreement(mask: torch.Tensor, sampler_logprobs: torch.Tensor, learne
             "rollout/logprob_diff_max": diff.max().item() if diff.numel() else 0.0,
             **{f"rollout/{name}": value for name, value in weights.items()}}
 
-
-def reset_peak_memory(device: str) -> None:
-    if device != "cpu":
-        torch.cuda.reset_peak_memory_stats(device)
-
-
-def peak_memory_mb(device: str) -> float:
-    """On a GPU, the most memory torch allocated since `reset_peak_memory`; on the CPU, the
-    process's peak resident set since it started."""
-    if device != "cpu":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return resident_peak_mb()

@@ -31,7 +31,7 @@ import torch
 
 from grpo_dist.config import LoraConfig
 from grpo_dist.dtypes import DTYPES
-from grpo_dist.rollout.hf_engine import load_causal_lm
+from grpo_dist.models import load_causal_lm
 
 
 class PolicyWeights(Protocol):

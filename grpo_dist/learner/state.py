@@ -10,20 +10,24 @@
     DIRECTORY/learner.json   the policy version and step counters
 
 Saving then loading into a fresh learner gives bit-identical next steps. Atomicity is the
-caller's (checkpoint.py writes into a staging directory and renames it).
+caller's (controller/checkpoints.py writes into a staging directory and renames it); `write_policy`
+(Learner.save) makes its own.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from grpo_dist.atomic import replace_folder
 from grpo_dist.learner.precision import PolicyWeights
-from grpo_dist.rollout.hf_engine import load_causal_lm
+from grpo_dist.models import load_causal_lm
 
 POLICY, OPTIMIZER, SCHEDULER, REFERENCE = "policy", "optimizer.pt", "scheduler.pt", "reference"
 RNG, COUNTERS = "rng.pt", "learner.json"
@@ -33,6 +37,19 @@ def save_policy(weights: PolicyWeights, tokenizer: PreTrainedTokenizerBase, dire
     """The policy with its float32 masters (or merged LoRA and adapter), and the tokenizer, in Hugging Face format."""
     weights.save(directory)
     tokenizer.save_pretrained(directory)
+
+
+def write_policy(weights: PolicyWeights, tokenizer: PreTrainedTokenizerBase, target: Path) -> Path:
+    """`save_policy` to `target`, replacing a folder there atomically: the policy is written into
+    a hidden sibling first, so a save that fails leaves the old folder as it was (and no sibling)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        save_policy(weights, tokenizer, staging)
+        replace_folder(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # renamed away unless something failed
+    return target
 
 
 def save_state(directory: Path, weights: PolicyWeights, tokenizer: PreTrainedTokenizerBase,

@@ -6,6 +6,7 @@ import torch
 
 from grpo_dist.net import free_port
 from grpo_dist.weights import nccl
+from grpo_dist.weights.buckets import Bucket
 
 
 class WeightGroup:
@@ -25,7 +26,7 @@ class WeightGroup:
     def join(self, host: str, port: int, world_size: int, timeout_s: float, backend: nccl.Backend) -> None:
         self.communicator = nccl.communicator(backend, host, port, 0, world_size, self.device, timeout_s)
 
-    def send(self, tensors: dict[str, torch.Tensor], buckets: list[nccl.Bucket]) -> None:
+    def send(self, tensors: dict[str, torch.Tensor], buckets: list[Bucket]) -> None:
         """Broadcast `tensors` in the plan's buckets; returns when they have left this device."""
         if self.communicator is None:
             raise RuntimeError("send_weights before join_weight_group")

@@ -12,9 +12,6 @@ distributed.py (data-parallel ranks; one rank: no-ops), schedule.py, metrics.py,
 from __future__ import annotations
 
 import math
-import os
-import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,19 +25,20 @@ from grpo_dist.learner import state
 from grpo_dist.learner.batch import TrainBatch
 from grpo_dist.learner.distributed import DataParallel
 from grpo_dist.learner.logprobs import batch_logprobs, token_logprobs
-from grpo_dist.learner.metrics import (StepStats, advantage_metrics, peak_memory_mb, reset_peak_memory,
-                                       sampler_agreement)
+from grpo_dist.learner.metrics import StepStats, advantage_metrics, sampler_agreement
 from grpo_dist.learner.precision import load_policy, load_reference
 from grpo_dist.learner.schedule import make_scheduler
 from grpo_dist.learner.weight_group import WeightGroup
-from grpo_dist.rollout.hf_engine import load_tokenizer
+from grpo_dist.memory import peak_mb, reset_peak
+from grpo_dist.models import load_tokenizer
 from grpo_dist.types import Group
 from grpo_dist.weights import nccl
+from grpo_dist.weights.buckets import Bucket, plan_buckets
 from grpo_dist.weights.checksum import export_state_dict, state_checksum
 
 
 class Learner:
-    """Runs as a Ray actor (see trainer.py; group.py for several ranks); plain class so that it
+    """Runs as a Ray actor (see controller/actors.py; group.py for several ranks); plain class so that it
     can be used directly. `total_steps` (trainer.steps) is the learning-rate schedule's length."""
 
     def __init__(self, model: ModelConfig, algo: AlgoConfig, learner: LearnerConfig,
@@ -78,7 +76,7 @@ class Learner:
         untouched: `policy/skipped_steps` counts such minibatches, `policy/step_skipped` is 1.
         """
         learn_started, started = time.time(), time.perf_counter()
-        reset_peak_memory(self.device)
+        reset_peak(self.device)
         groups = [group for chunk in chunks for group in chunk][:max_groups]
         rewards = torch.tensor([reward for group in groups for reward in group.rewards], dtype=torch.float32)
         advantages = grpo.group_advantages(rewards, self.rollout.group_size, scale=self.algo.advantage_scale)
@@ -110,7 +108,7 @@ class Learner:
             "policy/truncated_masked": float(masked),
             "policy/version": float(self.version),
             "system/learn_tokens_per_s": tokens / (time.perf_counter() - started),
-            "system/learner_peak_memory_mb": peak_memory_mb(self.device),
+            "system/learner_peak_memory_mb": peak_mb(self.device),
             "time/learn_s": time.perf_counter() - started,  # the controller's learner_idle_fraction
             "time/learn_started": learn_started,  # unix seconds: when this step's learning began and ended
             "time/learn_ended": time.time(),
@@ -213,11 +211,11 @@ class Learner:
         """Open the weight-update group as rank 0 (nccl on a GPU; gloo is the CPU stand-in)."""
         self.weight_group.join(host, port, world_size, timeout_s, backend)
 
-    def weight_plan(self, bucket_bytes: int) -> list[nccl.Bucket]:
+    def weight_plan(self, bucket_bytes: int) -> list[Bucket]:
         """How `send_weights` packs the state dict; every receiver needs the same plan."""
-        return nccl.plan_buckets(self.weights.served_state_dict(), bucket_bytes)
+        return plan_buckets(self.weights.served_state_dict(), bucket_bytes)
 
-    def send_weights(self, buckets: list[nccl.Bucket]) -> None:
+    def send_weights(self, buckets: list[Bucket]) -> None:
         """Broadcast the served weights over the weight group; returns when they have left."""
         self.weight_group.send(self.weights.served_state_dict(), buckets)
 
@@ -258,13 +256,6 @@ class Learner:
         Path(path).write_text(text)
 
     def save(self, path: str) -> str:
-        """Write the policy (float32 masters; LoRA: merged, and the adapter) and tokenizer to `path`
-        atomically (a temporary folder, then rename)."""
-        target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-        state.save_policy(self.weights, self.tokenizer, staging)
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(staging, target)
-        return str(target)
+        """Write the policy (float32 masters; LoRA: merged, and the adapter) and tokenizer to `path`,
+        replacing a folder there atomically (`state.write_policy`)."""
+        return str(state.write_policy(self.weights, self.tokenizer, Path(path)))

@@ -32,7 +32,7 @@ BUILTIN_REWARDS: dict[str, str] = {
     "math_answer": "grpo_dist.reward.rules:math_answer",
     "answer_format": "grpo_dist.reward.rules:answer_format",
     "length_penalty": "grpo_dist.reward.rules:length_penalty",
-    "unit_tests": "grpo_dist.reward.code:unit_test_reward",
+    "unit_tests": "grpo_dist.reward.unit_tests:unit_test_reward",
     "reward_model": "grpo_dist.reward.model:RewardModel",
 }
 # Filled in by the RewardWorker for rewards that name it as a parameter.
@@ -122,3 +122,12 @@ def check_options(reward: Reward, options: dict[str, Any]) -> None:
     extra_check = getattr(reward, "check_options", None)
     if extra_check is not None:
         extra_check(**options)
+
+
+def check_reward_options(name: str, options: dict[str, Any]) -> None:
+    """What the config checks of a reward function before any actor starts: the reward called
+    `name` takes `options` (`check_options`); a ValueError that names the reward otherwise."""
+    try:
+        check_options(load_reward(name), options)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"reward {name!r} kwargs: {exc}") from None

@@ -16,9 +16,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from grpo_dist.chunk_stats import summarize
 from grpo_dist.config import RewardConfig, RewardFunctionConfig
-from grpo_dist.dynamic import informative
+from grpo_dist.reward.chunk_stats import informative, per_group, summarize
 from grpo_dist.reward.pool import ScoreOutcome, ScoringPool, exception_outcome, value_outcome
 from grpo_dist.reward.registry import (
     COMPLETION_TOKENS,
@@ -47,7 +46,7 @@ class Sample:
 
 
 class RewardWorker:
-    """Runs as a Ray actor (see trainer.py); plain class so that it can be used directly."""
+    """Runs as a Ray actor (see controller/actors.py); plain class so that it can be used directly."""
 
     def __init__(self, reward: RewardConfig) -> None:
         self.config = reward
@@ -95,6 +94,12 @@ class RewardWorker:
             groups = [group for group, keep in zip(groups, informative(groups)) if keep]
             summary["informative"] = float(len(groups))
         return groups, {**failures, **summary, "score_s": time.perf_counter() - started}
+
+    def score_for_evaluation(self, groups: list[Group]) -> dict[str, list[float]]:
+        """`score`, then only what evaluation needs of each group (chunk_stats.per_group): the
+        groups stay here, the driver gets a few numbers per prompt."""
+        scored, _ = self.score(groups)
+        return per_group(scored, self.config.accuracy_from)
 
     def outcomes(self, function: RewardFunctionConfig, samples: list[Sample]) -> list[ScoreOutcome]:
         """One function's outcome for each sample, by the function's kind."""

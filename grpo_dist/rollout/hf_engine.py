@@ -3,29 +3,13 @@
 from __future__ import annotations
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
-from transformers.utils import logging as transformers_logging
 
-from grpo_dist.config import resolve_path
-from grpo_dist.dtypes import DTYPES
+from grpo_dist.models import load_causal_lm, load_tokenizer
 from grpo_dist.rollout.sampling import StopStrings, draw, regroup, requests, sampled_logprobs, stop_token_ids
 from grpo_dist.types import Completion, SamplingSettings
 from grpo_dist.weights import nccl
+from grpo_dist.weights.buckets import Bucket
 from grpo_dist.weights.checksum import state_checksum
-
-
-def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
-    tokenizer = AutoTokenizer.from_pretrained(resolve_path(path))
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
-
-
-def load_causal_lm(path: str, dtype: str, device: str = "cpu") -> torch.nn.Module:
-    """A causal LM from a local folder or hub id, in eval mode."""
-    transformers_logging.disable_progress_bar()
-    model = AutoModelForCausalLM.from_pretrained(resolve_path(path), dtype=DTYPES[dtype])
-    return model.to(device).eval()
 
 
 class HFEngine:
@@ -117,7 +101,7 @@ class HFEngine:
                                                       self.device, timeout_s)
 
     @torch.no_grad()
-    def receive_weights(self, buckets: list[nccl.Bucket], timeout_s: float | None = None) -> None:
+    def receive_weights(self, buckets: list[Bucket], timeout_s: float | None = None) -> None:
         """Copy the broadcast weights in place, one bucket in memory at a time (timeout: the group's)."""
         served = self.model.state_dict()
         received = set()

@@ -22,7 +22,7 @@ from vllm.platforms import current_platform
 
 from grpo_dist.rollout.sampling import regroup, requests, stop_token_ids
 from grpo_dist.types import Completion, SamplingSettings
-from grpo_dist.weights.nccl import Bucket
+from grpo_dist.weights.buckets import Bucket
 
 EXTENSION_CLS = "grpo_dist.rollout.vllm_extension.GRPOWorkerExtension"
 GIB = 1 << 30

@@ -22,6 +22,7 @@ from vllm.model_executor.layers.vocab_parallel_embedding import (
 )
 
 from grpo_dist.weights import nccl
+from grpo_dist.weights.buckets import Bucket
 from grpo_dist.weights.checksum import state_checksum
 
 Weights = dict[str, torch.Tensor] | bytes
@@ -43,7 +44,7 @@ class GRPOWorkerExtension:
         tensors: dict[str, torch.Tensor] = {}
         for module_name, module in model.named_modules():
             for param_name, param in module.named_parameters(recurse=False):
-                served = _served_tensor(module, param_name, param)
+                served = _in_model_dtype(_served_tensor(module, param_name, param), self.model_config.dtype)
                 parts = _split_packed(module_name, param_name, module, served, packed)
                 tensors.update({name: _fresh(part) for name, part in parts.items()})
         return save_safetensors(tensors) if as_bytes else tensors
@@ -65,7 +66,7 @@ class GRPOWorkerExtension:
     def grpo_leave_weight_group(self) -> None:
         self.grpo_weight_group = None
 
-    def grpo_receive_weights(self, buckets: list[nccl.Bucket]) -> None:
+    def grpo_receive_weights(self, buckets: list[Bucket]) -> None:
         """Load the buckets the learner broadcasts, one bucket in memory at a time.
 
         The learner sends its whole state dict, tied names included (see _with_tied_aliases).
@@ -112,6 +113,22 @@ def _served_tensor(module: torch.nn.Module, param_name: str, param: torch.Tensor
     if org_vocab_size is not None:
         param = param[:org_vocab_size]
     return param.detach()
+
+
+def _in_model_dtype(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A float32 tensor of a bf16/fp16 model in the model's dtype, when that changes no value.
+
+    On CPUs with AMX, vLLM hands bf16 linears of up to 1 MiB to sgl-kernel's
+    weight_packed_linear and turns their biases into float32, which the kernel adds to its
+    float32 accumulator (vllm/model_executor/layers/utils.py, dispatch_cpu_unquantized_gemm).
+    Loaded from the learner's bf16 tensors they hold bf16 values: those compare equal here.
+    A value bf16 cannot hold stays float32 and fails the checksum, as it should: the kernel
+    computes with something the learner does not have.
+    """
+    if tensor.dtype != torch.float32 or dtype not in (torch.bfloat16, torch.float16):
+        return tensor
+    narrowed = tensor.to(dtype)
+    return narrowed if torch.equal(narrowed.float(), tensor) else tensor
 
 
 def _uses_cpu_gemm(module: torch.nn.Module) -> bool:

@@ -9,7 +9,7 @@ import ray
 import torch
 
 from grpo_dist.config import ModelConfig, RolloutConfig, resolve_path, vllm_installed
-from grpo_dist.metrics import peak_memory_mb
+from grpo_dist.memory import peak_mb, process_device
 from grpo_dist.rollout.engine import GenerationEngine
 from grpo_dist.rollout.hf_engine import HFEngine
 from grpo_dist.types import Group, Prompt, SamplingSettings
@@ -44,7 +44,7 @@ def build_engine(model: ModelConfig, rollout: RolloutConfig, seed: int) -> Gener
 
 
 class RolloutWorker:
-    """Runs as a Ray actor (see trainer.py); plain class so that it can be used directly."""
+    """Runs as a Ray actor (see controller/actors.py); plain class so that it can be used directly."""
 
     def __init__(self, model: ModelConfig, rollout: RolloutConfig, seed: int) -> None:
         torch.set_num_threads(rollout.threads)
@@ -71,12 +71,12 @@ class RolloutWorker:
                        seeds: list[int]) -> tuple[list[Group], dict[str, float]]:
         """`generate`, and what the controller needs to know about the call, small: the policy
         version, how long it took and when (unix seconds, to line it up with the learner's),
-        the weight loading that came before it, and the worker's peak memory (pipeline.py)."""
+        the weight loading that came before it, and the worker's peak memory (controller/pipeline.py)."""
         generate_started, started = time.time(), time.perf_counter()
         groups = self.generate(prompts, sampling, seeds)
         info = {"policy_version": float(self.version), "generate_s": time.perf_counter() - started,
                 "generate_started": generate_started, "generate_ended": time.time(),
-                "load_s": self.load_s, "peak_memory_mb": peak_memory_mb()}
+                "load_s": self.load_s, "peak_memory_mb": peak_mb(process_device())}
         self.load_s = 0.0
         return groups, info
 

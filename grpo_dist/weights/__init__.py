@@ -7,11 +7,12 @@ The controller moves each policy version with one `WeightSync` strategy, chosen 
   which places it in the object store once per version; every rollout worker loads that one
   reference in place.
 - `NcclSync` (nccl.py): the learner broadcasts to every engine worker over a process group
-  of their own (GPU engines; gloo stands in on the CPU).
+  of their own (GPU engines; gloo stands in on the CPU), in the buckets of one plan (buckets.py).
 
 Either way `push` returns the checksum (checksum.py) each worker now serves, which the
-controller compares with the learner's. This package imports nothing from rollout/: the
-engines import it, not the other way round.
+controller compares with the learner's; a transport that fails raises `WeightSyncError`
+(errors.py). This package imports nothing from rollout/: the engines import it, not the
+other way round.
 """
 
 from __future__ import annotations
@@ -19,10 +20,6 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from grpo_dist.weights.object_store import ObjectStoreSync
-
-
-class WeightSyncError(RuntimeError):
-    """A rollout worker serves weights other than the learner's: stale weights are an error."""
 
 
 class WeightSync(Protocol):
@@ -68,4 +65,4 @@ def make_weight_sync(config: Any, learner: Any, rollouts: list[Any]) -> WeightSy
     return ObjectStoreSync(learner, rollouts, verify=trainer.verify_weight_sync, timeout_s=trainer.weight_sync_timeout_s)
 
 
-__all__ = ["ObjectStoreSync", "WeightSync", "WeightSyncError", "make_weight_sync"]
+__all__ = ["ObjectStoreSync", "WeightSync", "make_weight_sync"]

@@ -6,6 +6,9 @@ from typing import Any
 
 import ray
 
+from grpo_dist.waits import CallTimeout, fetch
+from grpo_dist.weights.errors import WeightSyncError
+
 
 class ObjectStoreSync:
     """The `WeightSync` for CPUs and shared GPUs: one object-store copy per version."""
@@ -21,14 +24,12 @@ class ObjectStoreSync:
         return [w.load_weights.remote(weights, version, self.verify) for w in self.rollouts]
 
     def push(self, version: int) -> list[str | None]:
-        from grpo_dist.weights import WeightSyncError
-
         served = self.submit(version)
+        names = [f"rollout worker {index}: load weights version {version}" for index in range(len(served))]
         try:
-            return ray.get(served, timeout=self.timeout_s)
-        except ray.exceptions.GetTimeoutError:
-            raise WeightSyncError(f"rollout workers: load weights version {version}: not done after "
-                                  f"{self.timeout_s:g} s (trainer.weight_sync_timeout_s)") from None
+            return fetch(served, names, self.timeout_s, limit="trainer.weight_sync_timeout_s")
+        except CallTimeout as late:
+            raise WeightSyncError(str(late)) from None
 
     def repair(self, workers: list[int], version: int) -> list[ray.ObjectRef]:
         weights = self.learner.export_weights.remote()

@@ -1,9 +1,9 @@
 """A bundled code task: small Python problems checked by unit tests.
 
 Each row of problems.jsonl has "id", "prompt" (the statement with the signature to
-write), "tests" (assert statements for `grpo_dist.reward.code.run_tests`), "reference"
+write), "tests" (assert statements for `grpo_dist.reward.unit_tests.run_tests`), "reference"
 (a correct solution) and "entry_point" (the function's name). The problems were written
-for this project. Score completions with `grpo_dist.reward.code.unit_test_reward`,
+for this project. Score completions with `grpo_dist.reward.unit_tests.unit_test_reward`,
 which receives a row's "tests" as a keyword field.
 
 `python -m grpo_dist.tasks.code` writes the trainer's data files, train.jsonl and

@@ -14,7 +14,7 @@ into place once COMPLETE is on disk, so a crash during the write leaves the prev
 checkpoint as it was; the staging leftovers are removed by the next save. Nothing here
 starts Ray: the caller passes the learner's save as a function of the staging folder.
 
-A resume (trainer.py) puts the run's logs back as they were at the checkpoint
+A resume (loop.py) puts the run's logs back as they were at the checkpoint
 (`restore_metrics`), restores the cursor and the batches to draw first (`restore_data`)
 and the learner's share (Learner.load_state). Sampling needs no saved state: every
 completion's random stream derives from (seed, step, position, sample) (seeding.py).
@@ -32,6 +32,7 @@ from typing import Any, Callable
 
 import yaml
 
+from grpo_dist.atomic import copy_atomic, fsync_dir, replace_folder
 from grpo_dist.config import Config, dump_config
 from grpo_dist.data import PromptCursor
 from grpo_dist.types import Prompt
@@ -52,7 +53,12 @@ RESUMABLE = (
     "trainer.run_name", "trainer.save_final", "trainer.progress", "trainer.checkpoint_every",
     "trainer.keep_checkpoints", "trainer.max_bad_steps", "trainer.verify_weight_sync",
     "trainer.weight_sync", "trainer.weight_sync_timeout_s", "trainer.weight_sync_bucket_mb",
-    "cluster", "learner", "data.eval", "data.eval_rows",
+    "cluster", "data.eval", "data.eval_rows",
+    # the learner's placement and how it splits a batch (micro-batching is exact); not learner.lora,
+    # which decides what is trained (its rank and alpha shape the adapters a checkpoint holds)
+    "learner.num_cpus", "learner.num_gpus", "learner.resources", "learner.node_labels", "learner.num_ranks",
+    "learner.threads", "learner.micro_batch_size", "learner.max_tokens_per_micro_batch",
+    "learner.gradient_checkpointing",
     "rollout.engine", "rollout.placement", "rollout.num_workers", "rollout.num_cpus",
     "rollout.num_gpus", "rollout.threads", "rollout.vllm",
     "reward.num_workers", "reward.num_cpus", "reward.num_gpus", "reward.processes",
@@ -197,9 +203,7 @@ def save_checkpoint(run_dir: Path, state: TrainerState, config: Config,
     if (run_dir / METRICS).is_file():
         shutil.copyfile(run_dir / METRICS, staging / METRICS)
     write_manifest(staging)
-    if target.exists():  # the same step saved again (say, on SIGTERM right after a save)
-        discard(target)
-    os.rename(staging, target)
+    replace_folder(staging, target)  # the same step may be saved again (say, on SIGTERM right after a save)
     fsync_dir(folder)
     for old in checkpoints(run_dir)[:-keep]:
         discard(old)
@@ -254,20 +258,6 @@ def remove_leftovers(folder: Path) -> None:
             path.unlink()
 
 
-def fsync_dir(path: Path) -> None:
-    handle = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(handle)
-    finally:
-        os.close(handle)
-
-
-def copy_atomic(source: Path, target: Path) -> None:
-    staging = target.with_name(f".{target.name}.tmp")
-    shutil.copyfile(source, staging)
-    os.replace(staging, target)
-
-
 def find_run(output_dir: Path) -> Path:
     """`--resume auto`: the run in `output_dir` whose newest checkpoint is complete and newest."""
     candidates = []
@@ -308,6 +298,13 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+def value(flat: dict[str, Any], key: str) -> Any:
+    """A flattened config's value at `key`: a leaf, or the section below it."""
+    if key in flat:
+        return flat[key]
+    return {name[len(key) + 1:]: item for name, item in flat.items() if name.startswith(key + ".")}
+
+
 def resumable(key: str) -> bool:
     return any(key == name or key.startswith(name + ".") for name in RESUMABLE)
 
@@ -315,12 +312,19 @@ def resumable(key: str) -> bool:
 def check_resume_config(saved: dict[str, Any], config: Config) -> None:
     """Raise CheckpointError naming every field that differs from the checkpoint's and may not.
 
-    Fields only one side knows (added or removed by an upgrade) are not compared.
+    Fields only one side knows (added or removed by an upgrade) are not compared; a section that
+    is null on one side and set on the other (learner.lora turned on or off) is a change.
     """
     old, new = flatten(saved), flatten(config.model_dump(mode="json"))
     changed = [key for key in old.keys() & new.keys() if old[key] != new[key] and not resumable(key)]
+    for key in old.keys() ^ new.keys():
+        other = new if key in old else old
+        if (old.get(key, new.get(key)) is None and any(name.startswith(key + ".") for name in other)
+                and not resumable(key)):
+            changed.append(key)
     if changed:
-        details = "; ".join(f"{key}: {old[key]!r} in the checkpoint, {new[key]!r} now" for key in sorted(changed))
+        details = "; ".join(f"{key}: {value(old, key)!r} in the checkpoint, {value(new, key)!r} now"
+                            for key in sorted(changed))
         raise CheckpointError(
             f"cannot resume with a different {', '.join(sorted(changed))} ({details}): these fields decide what "
             "is trained; drop the override, or start a new run"

@@ -9,10 +9,18 @@ from __future__ import annotations
 
 import math
 
+import torch
+
+from grpo_dist.grpo import informative_groups
 from grpo_dist.types import Group
 
 FAILURES = "/failures"
 PART_SUM = "/sum"
+
+
+def is_correct(value: float) -> bool:
+    """A completion counts as correct when the `reward.accuracy_from` function gave it 1."""
+    return value >= 1.0
 
 
 def summarize(groups: list[Group], accuracy_from: str) -> dict[str, float]:
@@ -26,11 +34,21 @@ def summarize(groups: list[Group], accuracy_from: str) -> dict[str, float]:
         "truncated": float(sum(c.finish_reason == "length" for c in completions)),
         "reward_sum": sum(rewards),
         "reward_sq_sum": sum(r * r for r in rewards),
-        "correct": float(sum(v >= 1.0 for g in groups for v in g.reward_parts[accuracy_from])),
+        "correct": float(sum(is_correct(v) for g in groups for v in g.reward_parts[accuracy_from])),
     }
     for name in groups[0].reward_parts if groups else ():
         summary[f"reward/{name}{PART_SUM}"] = sum(v for g in groups for v in g.reward_parts[name])
     return summary
+
+
+def per_group(groups: list[Group], accuracy_from: str) -> dict[str, list[float]]:
+    """What evaluation needs of each scored group, small: its correct samples, and the first
+    sample's reward and correctness (the greedy one when a group holds one sample)."""
+    return {
+        "correct": [float(sum(map(is_correct, g.reward_parts[accuracy_from]))) for g in groups],
+        "first_correct": [float(is_correct(g.reward_parts[accuracy_from][0])) for g in groups],
+        "first_reward": [g.rewards[0] for g in groups],
+    }
 
 
 def add(summaries: list[dict[str, float]]) -> dict[str, float]:
@@ -60,3 +78,12 @@ def batch_metrics(summaries: list[dict[str, float]]) -> dict[str, float]:
         elif key.startswith("reward/") and key.endswith(FAILURES):
             metrics[key] = value
     return metrics
+
+
+def informative(groups: list[Group]) -> list[bool]:
+    """grpo.informative_groups of each group's rewards, compared in float32 as the learner
+    compares them for its advantages (so a group kept here never gets zero advantages there)."""
+    if not groups:
+        return []
+    rewards = torch.tensor([reward for group in groups for reward in group.rewards], dtype=torch.float32)
+    return informative_groups(rewards, len(groups[0].rewards)).tolist()

@@ -1,7 +1,8 @@
 """DAPO's dynamic sampling: every step trains on `prompts_per_step` informative groups.
 
 A group whose rewards are all equal has zero advantages and carries no gradient
-(grpo.informative_groups). With `algo.dynamic_sampling` a step's batch is collected in rounds:
+(grpo.informative_groups, as reward/chunk_stats.informative applies it). With
+`algo.dynamic_sampling` a step's batch is collected in rounds:
 
     round 1       the batch as submitted: prompts_per_step prompts, positions 0 .. P-1
     round k > 1   while fewer than prompts_per_step informative groups are in and fewer than
@@ -27,7 +28,7 @@ fixed by the seeds and versions, so a run stays reproducible.
 
 With the bound reached the step trains on the informative groups it has (fewer than asked);
 with none, it trains on nothing: the trainer skips the learner step, the policy version stays,
-no weights are pushed (trainer.py).
+no weights are pushed (loop.py).
 
 Asynchronously (max_staleness k >= 1) the rounds after the first are submitted when the
 controller collects the step, behind the pushes already queued: each engine samples them with
@@ -43,20 +44,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import ray
-import torch
 
-from grpo_dist.grpo import informative_groups
-from grpo_dist.pipeline import Batch, Collected, RolloutPipeline
-from grpo_dist.types import Group, Prompt
-
-
-def informative(groups: list[Group]) -> list[bool]:
-    """grpo.informative_groups of each group's rewards, compared in float32 as the learner
-    compares them for its advantages (so a group kept here never gets zero advantages there)."""
-    if not groups:
-        return []
-    rewards = torch.tensor([reward for group in groups for reward in group.rewards], dtype=torch.float32)
-    return informative_groups(rewards, len(groups[0].rewards)).tolist()
+from grpo_dist.controller.pipeline import Batch, RolloutPipeline, ScoredBatch
+from grpo_dist.types import Prompt
 
 
 def round_size(missing: int, informative_so_far: int, generated: int, most: int) -> int:
@@ -77,12 +67,12 @@ class DynamicSampling:
     target: int  # rollout.prompts_per_step
     max_rounds: int  # algo.dynamic_sampling_max_rounds
 
-    def collect(self, batch: Batch, learner_version: int) -> Collected:
+    def collect(self, batch: Batch, learner_version: int) -> ScoredBatch:
         """The step's informative groups, by reference; `max_groups` says how many to train on."""
         rounds = [(batch, self.pipeline.collect(batch, learner_version))]
         kept = int(count(rounds[0][1], "informative"))
         while kept < self.target and len(rounds) < self.max_rounds:
-            generated = sum(part.groups for part, _ in rounds)
+            generated = sum(part.num_prompts for part, _ in rounds)
             prompts = self.draw(round_size(self.target - kept, kept, generated, self.target))
             more = self.pipeline.submit(batch.step, prompts, batch.chunks[0].sampling, learner_version,
                                         after=rounds[-1][0])
@@ -100,15 +90,15 @@ class DynamicSampling:
             "rollout/dynamic_extra_completions": completions - count(rounds[0][1], "completions"),
             "rollout/dynamic_bound_reached": float(trained < self.target),
         }
-        return replace(whole, groups=self.first_chunks(whole, trained), max_groups=trained,
+        return replace(whole, group_refs=self.first_chunks(whole, trained), max_groups=trained,
                        metrics={**whole.metrics, **metrics})
 
     @staticmethod
-    def first_chunks(collected: Collected, groups: int) -> list[ray.ObjectRef]:
+    def first_chunks(scored: ScoredBatch, groups: int) -> list[ray.ObjectRef]:
         """The references of the chunks that hold the first `groups` informative groups (empty
         chunks left out)."""
         refs, held = [], 0
-        for ref, stat in zip(collected.groups, collected.stats):
+        for ref, stat in zip(scored.group_refs, scored.stats):
             if held >= groups:
                 break
             if stat["informative"]:
@@ -117,6 +107,6 @@ class DynamicSampling:
         return refs
 
 
-def count(collected: Collected, key: str) -> float:
+def count(scored: ScoredBatch, key: str) -> float:
     """The sum of one of the chunks' stats (score_chunk's), e.g. informative groups."""
-    return sum(stat[key] for stat in collected.stats)
+    return sum(stat[key] for stat in scored.stats)

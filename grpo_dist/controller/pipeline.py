@@ -18,18 +18,18 @@ each engine takes new weights between two of its calls, and every chunk, one eng
 is sampled by one version: the chunk's `version`, recorded when it is submitted. The
 staleness of a batch is thus decided when it is submitted, within `max_staleness`.
 
-Failures (restarts.py). `collect` checks every chunk against what its engine reports. A
+Failures (recovery.py). `collect` checks every chunk against what its engine reports. A
 chunk sampled by a version other than its own (a worker that died and was restarted, with
 the initial weights, between two calls) is dropped (`rollout/dropped_stale` counts its
 groups); a chunk whose generate call failed (its worker died) is lost. Either way the
-controller gives that worker the current weights (`revive`), and the chunk is generated
-again there, same prompts and seeds, sampled by the current version (`rollout/retries`). A
-chunk whose scoring failed (its reward actor died) is scored again (`reward/retries`). A
-chunk is the unit that can be sent again to any worker (`launch`); one sent again more than
-`max_retries` times stops the run.
+supervisor gives that worker the current weights (`Supervisor.revive`), and the chunk is
+generated again there, same prompts and seeds, sampled by the current version
+(`rollout/retries`). A chunk whose scoring failed (its reward actor died) is scored again
+(`reward/retries`). A chunk is the unit that can be sent again to any worker (`launch`); one
+sent again more than cluster.max_restarts + 1 times stops the run (ChunkFailed).
 
-Every wait is bounded by `trainer.call_timeout_s`; running past it raises CallTimeout, which
-names the actor and the stage that did not finish.
+Every wait is bounded by `trainer.call_timeout_s` (waits.py); running past it raises
+CallTimeout, which names the actor and the stage that did not finish.
 
 Dynamic sampling (dynamic.py) collects a step in rounds: with `informative_only` the reward
 actors pass on only the groups that carry a gradient and count them; `submit(..., after=)`
@@ -38,31 +38,19 @@ continues a step's prompt positions, and `combine` makes one batch of the rounds
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import ray
 
-from grpo_dist.chunk_stats import batch_metrics
-from grpo_dist.restarts import ActorLost
+from grpo_dist.controller.recovery import Supervisor
+from grpo_dist.reward.chunk_stats import batch_metrics
 from grpo_dist.seeding import prompt_seed
 from grpo_dist.types import Prompt, SamplingSettings
+from grpo_dist.waits import ActorLost, fetch_each, first_line
 
 T = TypeVar("T")
-
-
-# Runtime environment of the rollout and reward actors: every return value is put in the
-# object store (the threshold under which Ray inlines it into the caller is 0 bytes).
-BY_REFERENCE = {"env_vars": {"RAY_max_direct_call_object_size": "0"}}
-
-
-class CallTimeout(TimeoutError):
-    """An actor call ran past `trainer.call_timeout_s`; the message names the actor and the stage."""
-
-
-class ChunkFailed(RuntimeError):
-    """A chunk was lost, or sampled by the wrong weights, more often than `max_retries`."""
 
 
 def split(items: list[T], parts: int) -> list[list[T]]:
@@ -74,39 +62,6 @@ def split(items: list[T], parts: int) -> list[list[T]]:
         chunks.append(items[start:end])
         start = end
     return chunks
-
-
-def wait_all(refs: list[ray.ObjectRef], names: list[str], timeout_s: float) -> None:
-    """Wait at most `timeout_s` until every ref is done (or failed); `names[i]` says which
-    actor computes `refs[i]` at which stage, for the CallTimeout message."""
-    _, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout_s, fetch_local=False)
-    if pending:
-        late = set(pending)
-        where = "; ".join(dict.fromkeys(name for ref, name in zip(refs, names) if ref in late))
-        raise CallTimeout(f"{where}: not done after {timeout_s:g} s (trainer.call_timeout_s)")
-
-
-def fetch(refs: list[ray.ObjectRef], names: list[str], timeout_s: float) -> list[Any]:
-    """The values of `refs`, waiting at most `timeout_s` for all of them (see `wait_all`)."""
-    wait_all(refs, names, timeout_s)
-    return ray.get(refs)
-
-
-def first_line(error: BaseException) -> str:
-    """The first line of an error's message (Ray's run to dozens of lines)."""
-    return (str(error).strip().splitlines() or [type(error).__name__])[0]
-
-
-def fetch_each(refs: list[ray.ObjectRef], names: list[str], timeout_s: float) -> list[Any]:
-    """`fetch`, except that a call whose actor died gives its ActorLost error in its place."""
-    wait_all(refs, names, timeout_s)
-    values = []
-    for ref in refs:
-        try:
-            values.append(ray.get(ref))
-        except ActorLost as lost:
-            values.append(lost)
-    return values
 
 
 @dataclass
@@ -124,7 +79,7 @@ class Chunk:
     worker: int = -1
     generated: ray.ObjectRef | None = None  # generate_chunk's groups, unscored
     info: ray.ObjectRef | None = None  # generate_chunk's: policy version, timing
-    groups: ray.ObjectRef | None = None  # the scored groups
+    scored: ray.ObjectRef | None = None  # the scored groups
     stats: ray.ObjectRef | None = None  # score_chunk's: sums, failures, timing
     retries: int = 0
 
@@ -145,7 +100,8 @@ class Batch:
     first_position: int = 0
 
     @property
-    def groups(self) -> int:
+    def num_prompts(self) -> int:
+        """Prompts in the batch: the groups it generates."""
         return sum(len(chunk.prompts) for chunk in self.chunks)
 
     @property
@@ -155,14 +111,14 @@ class Batch:
     @property
     def end(self) -> int:
         """The position after this batch's last prompt."""
-        return self.first_position + self.groups
+        return self.first_position + self.num_prompts
 
 
 @dataclass
-class Collected:
+class ScoredBatch:
     """A batch ready for the learner: the references to pass on, and what the driver learned."""
 
-    groups: list[ray.ObjectRef]  # one per chunk: Learner.train_step(*groups)
+    group_refs: list[ray.ObjectRef]  # one per chunk, each to its list of scored groups: Learner.train_step(*refs)
     stats: list[dict[str, float]]  # one per chunk (score_chunk)
     versions: list[int]  # the policy version that sampled each chunk
     metrics: dict[str, float]
@@ -174,21 +130,18 @@ class Collected:
 class RolloutPipeline:
     """Submits chunks to the rollout and reward actors and collects what the driver needs.
 
-    `revive(role, index)` is the controller's answer to a lost or wrongly sampled chunk: it
-    makes rollout worker `index` serve the current weights (its push queued before anything
-    sent after it) and returns that version, or checks that reward actor `index` is coming
-    back. `counters` gets `rollout/retries` and `reward/retries` added up.
+    The `supervisor` (recovery.py) answers a lost or wrongly sampled chunk: it makes rollout
+    worker `index` serve the current weights (its push queued before anything sent after it)
+    and says which version that is, or waits until reward actor `index` is back; it counts
+    every chunk sent again.
     """
 
-    def __init__(self, rollouts: list[Any], rewards: list[Any], *, seed: int, chunk_prompts: int,
-                 max_staleness: int, timeout_s: float, revive: Callable[[str, int], int], max_retries: int,
-                 counters: dict[str, float], informative_only: bool = False) -> None:
+    def __init__(self, rollouts: list[Any], rewards: list[Any], supervisor: Supervisor, *, seed: int,
+                 chunk_prompts: int, timeout_s: float, informative_only: bool = False) -> None:
         """`informative_only` (dynamic sampling): the reward actors pass on only the groups
         whose rewards are not all equal, and count them in their stats (dynamic.py)."""
-        self.rollouts, self.rewards = rollouts, rewards
-        self.seed, self.chunk_prompts = seed, chunk_prompts
-        self.max_staleness, self.timeout_s = max_staleness, timeout_s
-        self.revive, self.max_retries, self.counters = revive, max_retries, counters
+        self.rollouts, self.rewards, self.supervisor = rollouts, rewards, supervisor
+        self.seed, self.chunk_prompts, self.timeout_s = seed, chunk_prompts, timeout_s
         self.informative_only = informative_only
 
     def submit(self, step: int, prompts: list[Prompt], sampling: SamplingSettings, version: int,
@@ -222,17 +175,17 @@ class RolloutPipeline:
         self.score(chunk)
 
     def score(self, chunk: Chunk) -> None:
-        chunk.groups, chunk.stats = self.rewards[chunk.reward].score_chunk.options(num_returns=2).remote(
+        chunk.scored, chunk.stats = self.rewards[chunk.reward].score_chunk.options(num_returns=2).remote(
             chunk.generated, self.informative_only)
 
     def wait(self, chunks: list[Chunk]) -> tuple[list[dict[str, float]], list[dict[str, float]], int]:
         """Every chunk's generation info, then its scoring stats (small), in chunk order, and
         the groups dropped for being sampled by the wrong weights. A timeout names the first
         stage that did not finish."""
-        infos, dropped = self.generated(chunks)
-        return infos, self.scored(chunks), dropped
+        infos, dropped = self.generation_infos(chunks)
+        return infos, self.scoring_stats(chunks), dropped
 
-    def generated(self, chunks: list[Chunk]) -> tuple[list[dict[str, float]], int]:
+    def generation_infos(self, chunks: list[Chunk]) -> tuple[list[dict[str, float]], int]:
         """Each chunk's generation info, once it is sampled by its version: lost and wrongly
         sampled chunks are generated again by their worker, revived first."""
         infos: list[Any] = [None] * len(chunks)
@@ -247,7 +200,8 @@ class RolloutPipeline:
                 elif info["policy_version"] != chunks[i].version:
                     dropped += len(chunks[i].prompts)
                     again.append((i, f"sampled by policy version {info['policy_version']:.0f}, not {chunks[i].version}"))
-            current = {worker: self.revive("rollout", worker) for worker in sorted({chunks[i].worker for i, _ in again})}
+            current = {worker: self.supervisor.revive("rollout", worker)
+                       for worker in sorted({chunks[i].worker for i, _ in again})}
             for i, why in again:
                 self.count_retry(chunks[i], "rollout", why)
                 chunks[i].version = current[chunks[i].worker]
@@ -255,7 +209,7 @@ class RolloutPipeline:
             pending = [i for i, _ in again]
         return infos, dropped
 
-    def scored(self, chunks: list[Chunk]) -> list[dict[str, float]]:
+    def scoring_stats(self, chunks: list[Chunk]) -> list[dict[str, float]]:
         """Each chunk's scoring stats; a chunk whose reward actor died is scored again there."""
         stats: list[Any] = [None] * len(chunks)
         pending = list(range(len(chunks)))
@@ -265,36 +219,33 @@ class RolloutPipeline:
                 stats[i] = stat
             pending = [i for i in pending if isinstance(stats[i], ActorLost)]
             for reward in sorted({chunks[i].reward for i in pending}):
-                self.revive("reward", reward)
+                self.supervisor.revive("reward", reward)
             for i in pending:
                 self.count_retry(chunks[i], "reward", first_line(stats[i]))
                 self.score(chunks[i])
         return stats
 
     def count_retry(self, chunk: Chunk, role: str, why: str) -> None:
-        """Count one more attempt of `chunk` in `<role>/retries`; ChunkFailed past max_retries."""
+        """One more attempt of `chunk` (ChunkFailed past the bound: Supervisor.count_retry)."""
         chunk.retries += 1
-        if chunk.retries > self.max_retries:
-            stage = chunk.stage_names()[role == "reward"]
-            raise ChunkFailed(f"{stage}: gave up after {self.max_retries} retries: {why}")
-        self.counters[f"{role}/retries"] = self.counters.get(f"{role}/retries", 0.0) + 1
+        self.supervisor.count_retry(role, chunk.retries, chunk.stage_names()[role == "reward"], why)
 
-    def collect(self, batch: Batch, learner_version: int) -> Collected:
+    def collect(self, batch: Batch, learner_version: int) -> ScoredBatch:
         """Wait until the batch is scored, sending lost and wrongly sampled chunks again."""
         infos, stats, dropped = self.wait(batch.chunks)
-        return self.collected(batch, infos, stats, learner_version, dropped)
+        return self.scored_batch(batch, infos, stats, learner_version, dropped)
 
-    def combine(self, rounds: list[tuple[Batch, Collected]], learner_version: int) -> Collected:
+    def combine(self, rounds: list[tuple[Batch, ScoredBatch]], learner_version: int) -> ScoredBatch:
         """The rounds of one step (dynamic sampling), each collected, as one: their references in
         order, the metrics of all their chunks together."""
         batch = Batch(rounds[0][0].step, [chunk for part, _ in rounds for chunk in part.chunks])
-        infos = [info for _, collected in rounds for info in collected.infos]
-        stats = [stat for _, collected in rounds for stat in collected.stats]
-        dropped = sum(collected.metrics["rollout/dropped_stale"] for _, collected in rounds)
-        return self.collected(batch, infos, stats, learner_version, dropped)
+        infos = [info for _, scored in rounds for info in scored.infos]
+        stats = [stat for _, scored in rounds for stat in scored.stats]
+        dropped = sum(scored.metrics["rollout/dropped_stale"] for _, scored in rounds)
+        return self.scored_batch(batch, infos, stats, learner_version, dropped)
 
-    def collected(self, batch: Batch, infos: list[dict[str, float]], stats: list[dict[str, float]],
-                  learner_version: int, dropped: float) -> Collected:
+    def scored_batch(self, batch: Batch, infos: list[dict[str, float]], stats: list[dict[str, float]],
+                  learner_version: int, dropped: float) -> ScoredBatch:
         """What the driver hands on and logs of a scored batch; `dropped`: groups generated again."""
         versions = [int(info["policy_version"]) for info in infos]
         metrics = {
@@ -304,13 +255,13 @@ class RolloutPipeline:
             **self.timings(batch, infos, stats),
         }
         busy = sum(info["generate_s"] for info in infos)
-        return Collected([chunk.groups for chunk in batch.chunks], stats, versions, metrics, busy, infos)
+        return ScoredBatch([chunk.scored for chunk in batch.chunks], stats, versions, metrics, busy, infos)
 
     @staticmethod
     def staleness(batch: Batch, versions: list[int], learner_version: int) -> dict[str, float]:
         """How many versions each group lags the learner that trains on it, mean (over groups) and max."""
         lags = [(learner_version - version, len(chunk.prompts)) for chunk, version in zip(batch.chunks, versions)]
-        return {"rollout/staleness_mean": sum(lag * n for lag, n in lags) / batch.groups,
+        return {"rollout/staleness_mean": sum(lag * n for lag, n in lags) / batch.num_prompts,
                 "rollout/staleness_max": float(max(lag for lag, _ in lags))}
 
     def timings(self, batch: Batch, infos: list[dict[str, float]], stats: list[dict[str, float]]) -> dict[str, float]:

@@ -23,6 +23,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, placement_
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from grpo_dist.config import Config
+from grpo_dist.controller.errors import StartError
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,30 @@ def roles(config: Config) -> list[Role]:
              reward.node_labels, reward.placement),
         Role("learner", learner.num_ranks, learner.num_cpus, learner.num_gpus, learner.resources, learner.node_labels),
     ]
+
+
+def required_resources(config: Config) -> dict[str, float]:
+    """What the run's actors reserve together, per resource (CPU, GPU, custom)."""
+    total: dict[str, float] = {"CPU": 0.0}
+    for role in roles(config):
+        for name, amount in role.bundle().items():
+            total[name] = total.get(name, 0.0) + amount * role.count
+    return total
+
+
+def check_capacity(config: Config, cluster: dict[str, float]) -> None:
+    """StartError, in one line, when the cluster (`ray.cluster_resources()`) has less of a
+    resource in all than the run's actors reserve: they could never all be placed."""
+    short = {name: amount for name, amount in required_resources(config).items()
+             if amount > cluster.get(name, 0.0) + 1e-9}
+    if not short:
+        return
+    asks = "; ".join(f"{role.name} {role.count} x {role.bundle()}" for role in roles(config))
+    lacking = ", ".join(f"{name} {amount:g} (the cluster has {cluster.get(name, 0.0):g})"
+                        for name, amount in short.items())
+    raise StartError(f"the cluster cannot hold this run: its actors reserve {lacking}; they ask for {asks}: lower "
+                     "rollout/reward/learner num_workers, num_ranks, num_cpus, num_gpus or resources, set "
+                     "cluster.num_cpus for a local cluster, or add nodes")
 
 
 def create_placement_group(role: Role) -> PlacementGroup:

@@ -18,11 +18,12 @@ Checkpoints and failures (docs/checkpoints.md). After step t is complete (traine
 metrics logged) the controller saves a checkpoint (checkpoint.py) every
 `trainer.checkpoint_every` steps, after the last step, on an early stop, and when SIGINT or
 SIGTERM asks it to stop (signals.py); the learner is idle then, so its share is that of step
-t. A resumed run restores the data cursor and the batches drawn but not trained, then the
-learner's state, and pushes the checkpoint's weights to every engine, verified, before
-anything is generated. Rollout and reward actors whose process dies are restarted by Ray and
-caught up (restarts.py, pipeline.py); a learner that dies ends the run (LearnerLost). Every
-wait is bounded (trainer.call_timeout_s, trainer.weight_sync_timeout_s).
+t. A resumed run restores the data cursor and the batches drawn but not trained (when the
+Trainer is made, before Ray starts), then the learner's state, and pushes the checkpoint's
+weights to every engine, verified, before anything is generated. Rollout and reward actors
+whose process dies are restarted by Ray and caught up by the Supervisor (recovery.py); a
+learner that dies ends the run (LearnerLost). Every wait is bounded (trainer.call_timeout_s,
+trainer.weight_sync_timeout_s).
 
 With algo.dynamic_sampling, collecting batch t may add rounds of prompts until it holds
 prompts_per_step informative groups (dynamic.py); they are sampled by the newest version pushed.
@@ -39,118 +40,48 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import ray
-from ray.util.placement_group import PlacementGroup, remove_placement_group
 
-from grpo_dist.checkpoint import Checkpoint, CheckpointError, TrainerState, check_shared_storage, save_checkpoint
-from grpo_dist.config import Config, dump_config, effective_reward
+from grpo_dist.atomic import write_json_atomic
+from grpo_dist.config import Config, dump_config
+from grpo_dist.controller.actors import Actors, LearnerWatch
+from grpo_dist.controller.checkpoints import (Checkpoint, CheckpointError, TrainerState, check_shared_storage,
+                                              save_checkpoint)
+from grpo_dist.controller.dynamic import DynamicSampling
+from grpo_dist.controller.errors import RunFailed, TooManyBadSteps
+from grpo_dist.controller.pipeline import Batch, RolloutPipeline
+from grpo_dist.controller.publish import WeightPublisher
+from grpo_dist.controller.recovery import RESTART_COUNTERS, Supervisor
+from grpo_dist.controller.signals import stop_on_signals
 from grpo_dist.data import PreparedData, PromptCursor, prepare_data
-from grpo_dist.dynamic import DynamicSampling
-from grpo_dist.eval import evaluate, standard_error
-from grpo_dist.learner.group import start_learner
-from grpo_dist.metrics import MetricsLog, write_json_atomic
-from grpo_dist.pipeline import BY_REFERENCE, Batch, CallTimeout, ChunkFailed, RolloutPipeline, fetch, fetch_each, first_line
-from grpo_dist.placement import create_placement_group, roles, unplaced
-from grpo_dist.report import write_report
-from grpo_dist.restarts import ActorGone, ActorLost, Restarts, actor_state
-from grpo_dist.reward.worker import RewardWorker
+from grpo_dist.evaluation import evaluate, standard_error
+from grpo_dist.metrics import MetricsLog
+from grpo_dist.plots import write_report
 from grpo_dist.rollout.sampling import sampling_settings
-from grpo_dist.rollout.worker import RolloutWorker
-from grpo_dist.signals import stop_on_signals
 from grpo_dist.types import Group, Prompt, SamplingSettings
-from grpo_dist.weights import WeightSync, WeightSyncError, make_weight_sync
+from grpo_dist.waits import ActorLost, fetch, first_line
+from grpo_dist.weights import WeightSync, make_weight_sync
 
-# Run totals kept in `Trainer.counters` (and checkpoints); each step logs what it added.
-RESTART_COUNTERS = ("rollout/restarts", "rollout/retries", "reward/restarts", "reward/retries")
-BAD_STEPS = "bad_steps_in_a_row"
-
-
-class RunFailed(RuntimeError):
-    """The run cannot go on; the message says why (launch adds where to resume from; exit 1)."""
-
-
-class LearnerLost(RunFailed):
-    """The learner's process died: its state is gone, so the run ends (the learner is never restarted)."""
-
-
-class TooManyBadSteps(RunFailed):
-    """trainer.max_bad_steps steps in a row had a non-finite loss or gradient."""
-
-
-# What ends a run with a message and exit code 1 (launch.py).
-FAILURES = (RunFailed, CallTimeout, ChunkFailed, ActorGone, WeightSyncError)
-
-
-@dataclass
-class Actors:
-    rollouts: list[Any]
-    rewards: list[Any]
-    learner: Any
-    placements: dict[str, PlacementGroup]
-
-    @classmethod
-    def start(cls, config: Config) -> Actors:
-        """Create every actor in a bundle of its role's placement group (placement.py)."""
-        seed = config.trainer.seed
-        placed = {role.name: (role, create_placement_group(role)) for role in roles(config)}
-
-        def options(name: str, index: int) -> dict:
-            role, group = placed[name]
-            # Rollout and reward actors come back after their process dies, but Ray never
-            # runs one of their calls again by itself (restarts.py says why).
-            restarted = {"runtime_env": BY_REFERENCE, "max_restarts": config.cluster.max_restarts,
-                         "max_task_retries": 0}
-            return {**role.actor_options(group, index), **(restarted if name in ("rollout", "reward") else {})}
-
-        rollout_cls, reward_cls = ray.remote(RolloutWorker), ray.remote(RewardWorker)
-        reward = effective_reward(config)
-        actors = cls(
-            rollouts=[rollout_cls.options(**options("rollout", index)).remote(config.model, config.rollout,
-                                                                               seed * 1000 + index)
-                      for index in range(config.rollout.num_workers)],
-            rewards=[reward_cls.options(**options("reward", index)).remote(reward)
-                     for index in range(config.reward.num_workers)],
-            learner=start_learner(config, placement=placed["learner"][1]),  # rank i in bundle i
-            placements={name: group for name, (_, group) in placed.items()},
-        )
-        actors.wait_ready(config.cluster.actor_start_timeout_s)
-        return actors
-
-    def wait_ready(self, timeout_s: float) -> None:
-        """Block until every actor is constructed; name the resources when some cannot be placed."""
-        every = [*self.rollouts, *self.rewards, self.learner]
-        ready, pending = ray.wait([a.__ray_ready__.remote() for a in every], num_returns=len(every), timeout=timeout_s)
-        ray.get(ready)  # re-raises a constructor's exception
-        if pending:
-            waiting = unplaced(self.placements)
-            self.stop()
-            raise TimeoutError(
-                f"{len(pending)} of {len(every)} actors not ready after {timeout_s:.0f} s; placement groups not "
-                f"placed: {', '.join(waiting) or 'none'}; the cluster has {ray.available_resources()} available "
-                f"of {ray.cluster_resources()}: lower the num_cpus/num_gpus/resources of rollout, reward and "
-                "learner, drop node_labels no node carries, or add nodes"
-            )
-
-    def stop(self) -> None:
-        """Let reward actors stop their scoring processes (briefly), then kill every actor."""
-        ray.wait([reward.close.remote() for reward in self.rewards], num_returns=len(self.rewards), timeout=10)
-        for actor in [*self.rollouts, *self.rewards, self.learner]:
-            ray.kill(actor)
-        for group in self.placements.values():
-            remove_placement_group(group)
+BAD_STEPS = "bad_steps_in_a_row"  # kept with the restart counters in checkpoints
 
 
 class Trainer:
-    """Runs GRPO for `config.trainer.steps` steps and writes the run directory."""
+    """Runs GRPO for `config.trainer.steps` steps and writes the run directory.
+
+    What tests and tools may use besides `run`: `start`/`stop`, `step(n)`, `rollout(...)`,
+    `verify_weights()`, and after `start` the parts it wires together: `actors` (the handles),
+    `pipeline`, `supervisor`, `weights` (the WeightPublisher), with `version`, `counters`,
+    `cursor` and `sampling`. Everything else is the loop's own.
+    """
 
     def __init__(self, config: Config, run_dir: Path, data: PreparedData | None = None,
                  resume: Checkpoint | None = None) -> None:
         """`data`: the prompts launch prepared before Ray started; prepared here when not given.
-        `resume`: the checkpoint to continue from (CheckpointError when this run's data differ)."""
+        `resume`: the checkpoint to continue from; its data cursor is restored here, before Ray
+        starts (CheckpointError when this run's data differ)."""
         self.config = config
         self.run_dir = run_dir
         data = data if data is not None else prepare_data(config)
@@ -159,53 +90,65 @@ class Trainer:
         self.sampling = sampling_settings(config.rollout)
         trainer = config.trainer
         self.max_staleness = trainer.max_staleness if trainer.mode == "async" else 0
-        self.actors: Actors | None = None
-        self.sync: WeightSync | None = None
-        self.pipeline: RolloutPipeline | None = None
-        self.restarts: Restarts | None = None
-        # collect(batch, version): the pipeline's, or dynamic sampling's rounds on top of it (dynamic.py)
-        self.collector: RolloutPipeline | DynamicSampling | None = None
-        self.version = 0  # the learner's policy version
-        self.counters = {name: 0.0 for name in (*RESTART_COUNTERS, BAD_STEPS)}  # run totals
         self.resume = resume
         self.redraw: deque[tuple[dict[str, int], list[Prompt]]] = deque()  # drawn, not trained: go first
+        self.start_version = 0  # the policy version the learner starts from
+        self.start_counters: dict[str, float] = {BAD_STEPS: 0.0}
         if resume is not None:
             self.cursor, batches = resume.restore_data(self.train_prompts, trainer.seed)
             self.redraw.extend(batches)
-            self.version = resume.state.policy_version
-            self.counters.update(resume.state.counters)
+            self.start_version = resume.state.policy_version
+            self.start_counters.update(resume.state.counters)
         self.first_step = 1 if resume is None else resume.state.step + 1
+        self.actors: Actors | None = None
+        self.sync: WeightSync | None = None
+        self.learner: LearnerWatch | None = None
+        self.weights: WeightPublisher | None = None
+        self.supervisor: Supervisor | None = None
+        self.pipeline: RolloutPipeline | None = None
+        # collect(batch, version): the pipeline's, or dynamic sampling's rounds on top of it (dynamic.py)
+        self.collector: RolloutPipeline | DynamicSampling | None = None
         self.in_flight: deque[Batch] = deque()  # submitted batches not yet handed to the learner
         self.submitted = self.first_step - 1  # the last step whose batch was submitted
-        self.pushes = 0  # weight pushes so far, regular and repairs: the serial number of the last
-        self.unverified: deque[tuple[int, int, dict[int, ray.ObjectRef], ray.ObjectRef]] = deque()
-        self.repaired: dict[int, int] = {}  # rollout worker -> serial of the push that last repaired it
-        self.last_groups: list[ray.ObjectRef] = []  # the latest batch, by reference (for sample logs)
+        self.last_group_refs: list[ray.ObjectRef] = []  # the latest batch's scored groups (for sample logs)
         self.step_clock: float | None = None  # when the current step began (the previous one ended)
-        self.current_step = 0  # the step in progress, or the last one done (error messages)
         self.stop_signal: int | None = None  # the first SIGINT/SIGTERM received
         self.saved: tuple[int, Path] | None = None  # the step and path of the latest checkpoint
 
+    @property
+    def version(self) -> int:
+        """The learner's policy version: the latest one pushed to the engines."""
+        return self.start_version if self.weights is None else self.weights.version
+
+    @property
+    def counters(self) -> dict[str, float]:
+        """Run totals: restarts, retries (recovery.py) and bad steps in a row; kept in checkpoints."""
+        return self.start_counters if self.supervisor is None else self.supervisor.counters
+
     def start(self, weight_sync: Callable[[Config, Any, list[Any]], WeightSync] = make_weight_sync) -> None:
-        """Start the actors, the weight transport (`trainer.weight_sync`, built by `weight_sync`)
-        and the pipeline."""
-        self.actors = Actors.start(self.config)
+        """Start the actors, the weight transport (`trainer.weight_sync`, built by `weight_sync`),
+        the supervisor and the pipeline."""
+        config, trainer = self.config, self.config.trainer
+        self.actors = Actors.start(config)
         try:
-            self.sync = weight_sync(self.config, self.actors.learner, self.actors.rollouts)
+            self.sync = weight_sync(config, self.actors.learner, self.actors.rollouts)
             self.sync.setup()
         except BaseException:
             self.stop()
             raise
-        algo = self.config.algo
-        self.restarts = Restarts({"rollout": self.actors.rollouts, "reward": self.actors.rewards}, self.counters,
-                                 self.config.cluster.max_restarts)
-        self.pipeline = RolloutPipeline(self.actors.rollouts, self.actors.rewards, seed=self.config.trainer.seed,
-                                        chunk_prompts=self.config.rollout.chunk_prompts,
-                                        max_staleness=self.max_staleness, timeout_s=self.config.trainer.call_timeout_s,
-                                        revive=self.revive, max_retries=self.config.cluster.max_restarts + 1,
-                                        counters=self.counters, informative_only=algo.dynamic_sampling)
+        self.learner = LearnerWatch(self.actors.learner, trainer.call_timeout_s)
+        self.weights = WeightPublisher(self.sync, self.learner, self.actors.rollouts, verify=trainer.verify_weight_sync,
+                                       timeout_s=trainer.call_timeout_s, version=self.start_version)
+        self.supervisor = Supervisor({"rollout": self.actors.rollouts, "reward": self.actors.rewards}, self.learner,
+                                     self.weights, max_restarts=config.cluster.max_restarts,
+                                     start_timeout_s=config.cluster.actor_start_timeout_s,
+                                     counters=self.start_counters)
+        algo = config.algo
+        self.pipeline = RolloutPipeline(self.actors.rollouts, self.actors.rewards, self.supervisor, seed=trainer.seed,
+                                        chunk_prompts=config.rollout.chunk_prompts, timeout_s=trainer.call_timeout_s,
+                                        informative_only=algo.dynamic_sampling)
         if algo.dynamic_sampling:
-            self.collector = DynamicSampling(self.pipeline, self.cursor.next_batch, self.config.rollout.prompts_per_step,
+            self.collector = DynamicSampling(self.pipeline, self.cursor.next_batch, config.rollout.prompts_per_step,
                                              algo.dynamic_sampling_max_rounds)
         else:
             self.collector = self.pipeline
@@ -241,7 +184,7 @@ class Trainer:
                 if self.stop_signal is None:
                     after = self.evaluate(step=steps, log=log)
                     if self.config.trainer.save_final:
-                        self.learner_call(self.actors.learner.save.remote(str(self.run_dir / "final")), "save")
+                        self.learner.call(self.actors.learner.save.remote(str(self.run_dir / "final")), "save")
             finally:
                 log.close()
                 self.stop()
@@ -307,43 +250,42 @@ class Trainer:
         if self.stop_signal is not None:
             log.note(f"stopped by {signal.Signals(self.stop_signal).name} after step {step}")
         self.discard_in_flight()
-        self.verify_pushed(self.version)
+        self.supervisor.verify_through(self.version)
         return step
 
     def step(self, step: int) -> dict[str, float]:
         """One GRPO step: hand batch `step` to the learner, push the new weights, submit the
         batch `max_staleness + 1` steps ahead; returns the step's metrics."""
         assert self.pipeline is not None and self.actors is not None
-        self.current_step = step
+        self.learner.step = step
         self.step_clock = self.step_clock or time.perf_counter()
         counted = {name: self.counters[name] for name in RESTART_COUNTERS}
-        self.catch_up()
+        self.supervisor.catch_up()
         self.fill(step + self.max_staleness)  # (only the first step has anything to fill here)
         batch = self.in_flight.popleft()
-        collected = self.collector.collect(batch, self.version)
-        self.verify_pushed(max(collected.versions))  # the weights that sampled it had arrived
+        scored = self.collector.collect(batch, self.version)
+        self.supervisor.verify_through(max(scored.versions))  # the weights that sampled it had arrived
         depth = self.pipeline.buffer_depth([batch, *self.in_flight], self.config.rollout.prompts_per_step)
-        self.last_groups = collected.groups
+        self.last_group_refs = scored.group_refs
         result = None  # dynamic sampling may find no informative group: no update, no new version, no push
-        if collected.groups:
-            result = self.actors.learner.train_step.remote(*collected.groups, max_groups=collected.max_groups)
-            self.version += 1
-            self.push_weights()
+        if scored.group_refs:
+            result = self.actors.learner.train_step.remote(*scored.group_refs, max_groups=scored.max_groups)
+            self.weights.publish(self.version + 1)
         self.fill(step + self.max_staleness + 1)
-        learner_metrics = (self.learner_call(result, "train_step") if result is not None
+        learner_metrics = (self.learner.call(result, "train_step") if result is not None
                            else {"policy/version": float(self.version), "time/learn_s": 0.0})
         now = time.perf_counter()
         step_s, self.step_clock = now - self.step_clock, now
         workers = len(self.actors.rollouts)
         return {
-            **collected.metrics,
+            **scored.metrics,
             **learner_metrics,
             **{name: self.counters[name] - counted[name] for name in RESTART_COUNTERS},
             "rollout/buffer_depth": depth,
             "data/epoch": float(batch.drawn_at["epoch"]),
             "data/position": float(batch.drawn_at["position"]),
             "time/step_s": step_s,
-            "time/rollout_idle_fraction": max(0.0, 1.0 - collected.generate_busy_s / (workers * step_s)),
+            "time/rollout_idle_fraction": max(0.0, 1.0 - scored.generate_busy_s / (workers * step_s)),
             "time/learner_idle_fraction": max(0.0, 1.0 - learner_metrics["time/learn_s"] / step_s),
         }
 
@@ -369,13 +311,17 @@ class Trainer:
 
     def rollout(self, prompts: list[Prompt], sampling: SamplingSettings, step: int) -> list[Group]:
         """Generate and score `prompts` now and fetch the groups into the driver (tests, tools)."""
-        collected = self.pipeline.collect(self.pipeline.submit(step, prompts, sampling, self.version), self.version)
-        return [group for chunk in self.call(collected.groups, "reward actors: scored groups") for group in chunk]
+        scored = self.pipeline.collect(self.pipeline.submit(step, prompts, sampling, self.version), self.version)
+        return [group for chunk in self.call(scored.group_refs, "reward actors: scored groups") for group in chunk]
+
+    def verify_weights(self) -> None:
+        """Every engine serves the learner's weights now (WeightSyncError names those that do not)."""
+        self.weights.verify_all()
 
     # ------------------------------------------------------------ checkpoints
 
     def save(self, step: int) -> None:
-        """A checkpoint of step `step` (once): the learner's share, then the driver's (checkpoint.py)."""
+        """A checkpoint of step `step` (once): the learner's share, then the driver's (checkpoints.py)."""
         if self.saved is not None and self.saved[0] == step:
             return
         learner = self.actors.learner
@@ -384,7 +330,7 @@ class Trainer:
                              in_flight=[{"cursor": drawn_at, "prompts": [p.index for p in prompts]}
                                         for drawn_at, prompts in self.drawn_not_trained()])
         path = save_checkpoint(self.run_dir, state, self.config,
-                               lambda folder: self.learner_call(learner.save_state.remote(str(folder)), "save_state"),
+                               lambda folder: self.learner.call(learner.save_state.remote(str(folder)), "save_state"),
                                keep=self.config.trainer.keep_checkpoints)
         self.saved = (step, path)
 
@@ -392,7 +338,7 @@ class Trainer:
         """RunFailed before step 1 when the learner's checkpoint files would not reach RUN_DIR."""
         learner = self.actors.learner
         try:
-            check_shared_storage(self.run_dir, lambda path, text: self.learner_call(
+            check_shared_storage(self.run_dir, lambda path, text: self.learner.call(
                 learner.write_probe.remote(str(path), text), "write_probe"))
         except CheckpointError as exc:
             raise RunFailed(str(exc)) from None
@@ -404,103 +350,30 @@ class Trainer:
     def restore_learner(self) -> None:
         """A resume: the learner continues from the checkpoint, and every engine serves its
         weights (verified, whatever trainer.verify_weight_sync says) before anything is generated."""
-        version = self.learner_call(self.actors.learner.load_state.remote(str(self.resume.path)), "load_state")
+        version = self.learner.call(self.actors.learner.load_state.remote(str(self.resume.path)), "load_state")
         if version != self.version:
             raise RunFailed(f"{self.resume.path}: the learner's state is policy version {version}, "
                             f"trainer_state.json says {self.version}")
-        self.sync.push(self.version)
-        self.verify_weights()
+        self.weights.push_now(self.version)
 
-    # ------------------------------------------------------------ weights
-
-    def push_weights(self) -> None:
-        """Send the learner's weights as `self.version` to every engine, without waiting: each
-        takes them after the calls queued before (weights.py: the strategies)."""
-        served = self.sync.submit(self.version)
-        self.pushes += 1
-        if self.config.trainer.verify_weight_sync:
-            self.unverified.append((self.version, self.pushes, dict(enumerate(served)),
-                                    self.actors.learner.checksum.remote()))
-
-    def verify_pushed(self, version: int) -> None:
-        """Check the served checksums of every push up to `version`. A worker that died before
-        it took one is revived (unless a later repair already gave it the weights)."""
-        while self.unverified and self.unverified[0][0] <= version:
-            pushed, serial, served, expected = self.unverified.popleft()
-            checksum = self.learner_call(expected, "checksum")
-            names = [f"rollout worker {index}: load weights version {pushed}" for index in served]
-            for index, value in zip(served, fetch_each(list(served.values()), names, self.config.trainer.call_timeout_s)):
-                if isinstance(value, ActorLost):
-                    if self.repaired.get(index, 0) < serial:
-                        self.revive("rollout", index)
-                elif value != checksum:
-                    raise WeightSyncError(f"rollout worker {index} does not serve the learner's weights "
-                                          f"(version {pushed})")
-
-    def verify_weights(self) -> None:
-        served = self.call([w.checksum.remote() for w in self.actors.rollouts], "rollout workers: checksum")
-        expected = self.learner_call(self.actors.learner.checksum.remote(), "checksum")
-        stale = [index for index, checksum in enumerate(served) if checksum != expected]
-        if stale:
-            raise WeightSyncError(f"rollout workers {stale} do not serve the learner's weights (version {self.version})")
-
-    # ------------------------------------------------------------ failures
-
-    def revive(self, role: str, index: int) -> int:
-        """An actor lost a call or sampled with the wrong weights: count a restart Ray made
-        (ActorGone once it gave up), give a rollout worker the current weights (its push
-        queued before anything sent to it after this); returns the current version."""
-        self.check_learner()
-        self.restarts.wait_alive(role, index, self.config.cluster.actor_start_timeout_s)
-        self.restarts.check(role, index)
-        if role == "rollout":
-            self.repair(index)
-        return self.version
-
-    def repair(self, index: int) -> None:
-        """Push the current weights to rollout worker `index` alone; verified later (verify_pushed)."""
-        [served] = self.sync.repair([index], self.version)
-        self.pushes += 1
-        self.repaired[index] = self.pushes
-        self.unverified.append((self.version, self.pushes, {index: served}, self.actors.learner.checksum.remote()))
-
-    def catch_up(self) -> None:
-        """Rollout workers Ray restarted since the last look (between calls, say) get the current weights."""
-        for role, index in self.restarts.poll():
-            if role == "rollout":
-                self.repair(index)
-
-    def learner_call(self, ref: ray.ObjectRef, stage: str) -> Any:
-        """Wait for one learner call; its death (it is never restarted) is LearnerLost."""
-        try:
-            return self.call([ref], f"learner: {stage}")[0]
-        except ActorLost as lost:
-            raise LearnerLost(f"the learner died during {stage} at step {self.current_step} ({first_line(lost)})"
-                              ) from None
-
-    def check_learner(self) -> None:
-        """LearnerLost when the learner's process is gone: a lost chunk or weight push may be its
-        doing (the weights it was to export never came), and no revival of a rollout worker helps."""
-        state, _ = actor_state(self.actors.learner)
-        if state == "DEAD":
-            raise LearnerLost(f"the learner died at step {self.current_step} (its actor is DEAD)")
+    # ------------------------------------------------------------ helpers
 
     def call(self, refs: list[ray.ObjectRef], names: str | list[str]) -> list[Any]:
-        """Wait for actor calls, at most trainer.call_timeout_s (pipeline.fetch)."""
+        """Wait for actor calls, at most trainer.call_timeout_s (waits.fetch)."""
         names = [names] * len(refs) if isinstance(names, str) else names
         return fetch(refs, names, self.config.trainer.call_timeout_s)
 
     def sample_groups(self, count: int) -> list[Group]:
         """The first `count` groups of the latest batch, fetched into the driver (the samples log)."""
         groups: list[Group] = []
-        for ref in self.last_groups:
+        for ref in self.last_group_refs:
             if len(groups) >= count:
                 break
             groups += self.call([ref], "reward actor: scored groups")[0]
         return groups
 
     def evaluate(self, step: int, log: MetricsLog) -> float:
-        """Greedy accuracy on the held-out rows (eval.evaluate, as `python -m grpo_dist.eval` runs it).
+        """Greedy accuracy on the held-out rows (evaluation.evaluate, as `python -m grpo_dist.eval` runs it).
 
         Its engine calls queue behind the latest weight push, so it measures version `self.version`.
         An actor that dies during it is revived and the evaluation runs again.
@@ -508,15 +381,15 @@ class Trainer:
         if not self.eval_prompts:
             return float("nan")
         for attempt in itertools.count():
-            self.catch_up()
+            self.supervisor.catch_up()
             try:
                 metrics = evaluate(self.actors.rollouts, self.actors.rewards, self.eval_prompts, self.config)
                 break
             except ActorLost as lost:
-                where = self.restarts.which(lost)
+                where = self.supervisor.which(lost)
                 if where is None or attempt >= self.config.cluster.max_restarts:
                     raise
                 log.note(f"evaluation at step {step}: {first_line(lost)}; evaluating again")
-                self.revive(*where)
+                self.supervisor.revive(*where)
         log.log_eval(step, metrics)
         return metrics["eval/accuracy"]

@@ -1,0 +1,130 @@
+"""The actors of a run: started in their placement groups, waited for, stopped; the learner's calls.
+
+Rollout and reward actors are restarted by Ray when their process dies (recovery.py says how
+the controller catches them up); the learner never is: `LearnerWatch` turns its death into
+LearnerLost and an exception inside it into RunFailed, naming the stage and the step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+from ray.util.placement_group import PlacementGroup, remove_placement_group
+
+from grpo_dist.config import Config, effective_reward
+from grpo_dist.controller.errors import LearnerLost, NotPlaced, RunFailed
+from grpo_dist.controller.placement import create_placement_group, roles, unplaced
+from grpo_dist.learner.group import start_learner
+from grpo_dist.reward.worker import RewardWorker
+from grpo_dist.rollout.worker import RolloutWorker
+from grpo_dist.waits import ActorLost, CallTimeout, cause_line, fetch, first_line
+
+# Runtime environment of the rollout and reward actors: every return value is put in the
+# object store (the threshold under which Ray inlines it into the caller is 0 bytes), so the
+# driver holds references, never groups (pipeline.py).
+BY_REFERENCE = {"env_vars": {"RAY_max_direct_call_object_size": "0"}}
+
+
+def actor_state(handle: Any) -> tuple[str, int]:
+    """(state, restarts) of an actor in Ray's actor table: ALIVE, RESTARTING, DEAD, ...
+
+    The table lives in Ray's GCS; reading it needs no dashboard and never waits behind the
+    actor's own calls (ray.util.state would need the dashboard).
+    """
+    record = ray._private.state.actors(actor_id=handle._actor_id.hex())
+    return record["State"], int(record["NumRestarts"])
+
+
+@dataclass
+class Actors:
+    rollouts: list[Any]
+    rewards: list[Any]
+    learner: Any | None  # None for evaluation alone
+    placements: dict[str, PlacementGroup]
+
+    @classmethod
+    def start(cls, config: Config, learner: bool = True) -> Actors:
+        """Create every actor in a bundle of its role's placement group (placement.py), and wait
+        until all are constructed (NotPlaced names what the cluster lacks)."""
+        seed = config.trainer.seed
+        placed = {role.name: (role, create_placement_group(role))
+                  for role in roles(config) if learner or role.name != "learner"}
+
+        def options(name: str, index: int) -> dict:
+            role, group = placed[name]
+            # Ray never runs a call of theirs again by itself (recovery.py says why).
+            restarted = {"runtime_env": BY_REFERENCE, "max_restarts": config.cluster.max_restarts,
+                         "max_task_retries": 0}
+            return {**role.actor_options(group, index), **restarted}
+
+        rollout_cls, reward_cls = ray.remote(RolloutWorker), ray.remote(RewardWorker)
+        reward = effective_reward(config)
+        actors = cls(
+            rollouts=[rollout_cls.options(**options("rollout", index)).remote(config.model, config.rollout,
+                                                                               seed * 1000 + index)
+                      for index in range(config.rollout.num_workers)],
+            rewards=[reward_cls.options(**options("reward", index)).remote(reward)
+                     for index in range(config.reward.num_workers)],
+            learner=start_learner(config, placement=placed["learner"][1]) if learner else None,  # rank i in bundle i
+            placements={name: group for name, (_, group) in placed.items()},
+        )
+        actors.wait_ready(config.cluster.actor_start_timeout_s)
+        return actors
+
+    @property
+    def every(self) -> list[Any]:
+        return [*self.rollouts, *self.rewards, *([self.learner] if self.learner is not None else [])]
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Block until every actor is constructed; name the resources when some cannot be placed."""
+        names = ([f"rollout worker {i}: start" for i in range(len(self.rollouts))]
+                 + [f"reward actor {i}: start" for i in range(len(self.rewards))]
+                 + (["learner: start"] if self.learner is not None else []))
+        try:
+            fetch([actor.__ray_ready__.remote() for actor in self.every], names, timeout_s,
+                  limit="cluster.actor_start_timeout_s")
+        except CallTimeout as late:
+            waiting = unplaced(self.placements)
+            self.stop()
+            raise NotPlaced(
+                f"{late}; placement groups not placed: {', '.join(waiting) or 'none'}; the cluster has "
+                f"{ray.available_resources()} available of {ray.cluster_resources()}: lower the "
+                "num_cpus/num_gpus/resources of rollout, reward and learner, drop node_labels no node carries, "
+                "or add nodes") from None
+        except ray.exceptions.RayError as failed:  # a constructor's exception
+            self.stop()
+            raise RunFailed(f"an actor failed to start: {cause_line(failed)}") from None
+
+    def stop(self) -> None:
+        """Let reward actors stop their scoring processes (briefly), then kill every actor."""
+        ray.wait([reward.close.remote() for reward in self.rewards], num_returns=len(self.rewards), timeout=10)
+        for actor in self.every:
+            ray.kill(actor)
+        for group in self.placements.values():
+            remove_placement_group(group)
+
+
+class LearnerWatch:
+    """Waits on the learner's calls, at most trainer.call_timeout_s each. Its death is LearnerLost,
+    an exception inside it RunFailed, both naming the stage and the step in progress."""
+
+    def __init__(self, actor: Any, timeout_s: float) -> None:
+        self.actor, self.timeout_s = actor, timeout_s
+        self.step = 0  # the step in progress, or the last one done (for the messages)
+
+    def call(self, ref: ray.ObjectRef, stage: str) -> Any:
+        try:
+            return fetch([ref], [f"learner: {stage}"], self.timeout_s)[0]
+        except ActorLost as lost:
+            raise LearnerLost(f"the learner died during {stage} at step {self.step} ({first_line(lost)})") from None
+        except ray.exceptions.RayTaskError as failed:
+            raise RunFailed(f"the learner failed during {stage} at step {self.step}: {cause_line(failed)}") from None
+
+    def check_alive(self) -> None:
+        """LearnerLost when the learner's process is gone: a lost chunk or weight push may be its
+        doing (the weights it was to export never came), and no revival of a rollout worker helps."""
+        state, _ = actor_state(self.actor)
+        if state == "DEAD":
+            raise LearnerLost(f"the learner died at step {self.step} (its actor is DEAD)")

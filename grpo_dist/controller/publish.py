@@ -1,0 +1,97 @@
+"""Publishing weights: every policy version goes to every engine, and each engine proves it serves it.
+
+`publish(version)` queues the learner's weights on every rollout worker without waiting (the
+transport is a `weights.WeightSync`): each worker takes them after the calls queued before,
+and before those sent after (Ray's per-caller actor ordering), so every chunk submitted later
+samples the new version. With trainer.verify_weight_sync each push leaves a `PendingCheck`:
+the checksum each worker will serve and the learner's own. The loop checks them once a chunk
+sampled by that version is in (`verify_through`), so the check costs no wait of its own.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+
+from grpo_dist.controller.actors import LearnerWatch
+from grpo_dist.waits import ActorLost, fetch, fetch_each
+from grpo_dist.weights import WeightSync
+from grpo_dist.weights.errors import WeightSyncError
+
+
+@dataclass
+class PendingCheck:
+    """A push whose served checksums have not been compared with the learner's yet."""
+
+    version: int
+    serial: int  # the push's number, counting regular pushes and repairs
+    served: dict[int, ray.ObjectRef]  # rollout worker -> the checksum it serves after the push
+    expected: ray.ObjectRef  # the learner's checksum of the weights pushed
+
+
+class WeightPublisher:
+    """Sends the learner's weights to the rollout workers and checks what they serve."""
+
+    def __init__(self, sync: WeightSync, learner: LearnerWatch, rollouts: list[Any], *, verify: bool,
+                 timeout_s: float, version: int = 0) -> None:
+        """`version`: the policy version the learner holds now (a resumed run's); `timeout_s`
+        bounds each wait on a worker (trainer.call_timeout_s)."""
+        self.sync, self.learner, self.rollouts = sync, learner, rollouts
+        self.verify, self.timeout_s = verify, timeout_s
+        self.version = version  # the latest version pushed (the learner's)
+        self.pushes = 0  # pushes so far, regular and repairs: the serial number of the latest
+        self.pending: deque[PendingCheck] = deque()
+        self.repaired: dict[int, int] = {}  # rollout worker -> serial of the push that last repaired it
+
+    def publish(self, version: int) -> None:
+        """Queue the learner's weights as `version` on every engine, without waiting."""
+        self.version = version
+        served = self.sync.submit(version)
+        self.pushes += 1
+        if self.verify:
+            self.pending.append(PendingCheck(version, self.pushes, dict(enumerate(served)),
+                                             self.learner.actor.checksum.remote()))
+
+    def repair(self, index: int) -> None:
+        """Queue the current weights on rollout worker `index` alone (restarted); always verified."""
+        [served] = self.sync.repair([index], self.version)
+        self.pushes += 1
+        self.repaired[index] = self.pushes
+        self.pending.append(PendingCheck(self.version, self.pushes, {index: served}, self.learner.actor.checksum.remote()))
+
+    def verify_through(self, version: int) -> list[int]:
+        """Compare the served checksums of every push up to `version` with the learner's
+        (WeightSyncError on a mismatch); returns the workers that died before they took one and
+        were not repaired since: they need reviving."""
+        lost: list[int] = []
+        while self.pending and self.pending[0].version <= version:
+            check = self.pending.popleft()
+            expected = self.learner.call(check.expected, "checksum")
+            names = [f"rollout worker {index}: load weights version {check.version}" for index in check.served]
+            for index, value in zip(check.served, fetch_each(list(check.served.values()), names, self.timeout_s)):
+                if isinstance(value, ActorLost):
+                    if self.repaired.get(index, 0) < check.serial and index not in lost:
+                        lost.append(index)
+                elif value != expected:
+                    raise WeightSyncError(f"rollout worker {index} does not serve the learner's weights "
+                                          f"(version {check.version})")
+        return lost
+
+    def push_now(self, version: int) -> None:
+        """Send `version` to every engine and wait until each serves it, verified whatever
+        trainer.verify_weight_sync says (a resume)."""
+        self.version = version
+        self.sync.push(version)
+        self.verify_all()
+
+    def verify_all(self) -> None:
+        """Every engine serves the learner's weights now (WeightSyncError names those that do not)."""
+        served = fetch([w.checksum.remote() for w in self.rollouts],
+                       [f"rollout worker {i}: checksum" for i in range(len(self.rollouts))], self.timeout_s)
+        [expected] = fetch([self.learner.actor.checksum.remote()], ["learner: checksum"], self.timeout_s)
+        stale = [index for index, checksum in enumerate(served) if checksum != expected]
+        if stale:
+            raise WeightSyncError(f"rollout workers {stale} do not serve the learner's weights (version {self.version})")

@@ -1,0 +1,112 @@
+"""Recovery: rollout and reward actors that died and came back are noticed, counted and caught up.
+
+Rollout and reward actors run with `max_restarts=cluster.max_restarts` and
+`max_task_retries=0`. When such an actor's process dies, Ray starts it again and runs its
+constructor anew (a rollout engine holds model.path's weights again; a reward actor gets a
+fresh scoring pool and sandbox), but it never runs a call again by itself: the calls the
+actor had received fail with RayActorError, and the controller decides what to send again.
+Ray's own retries would be wrong twice over: a `generate` retried on a restarted engine
+samples from the initial weights, and retried calls give up the order in which an actor runs
+one caller's calls, which the loop relies on (each weight push before the chunks it samples).
+
+One `Supervisor` does all of it for the loop and the pipeline: a chunk whose call failed, or
+whose engine reports a policy version other than the one pushed before it (a worker that died
+and restarted between two calls), is sent again after `revive` gave the worker the current
+weights; a chunk whose scoring failed is scored again. It reads how often Ray restarted each
+actor from Ray's actor table, so every restart is counted once (`rollout/restarts`,
+`reward/restarts`) however many calls it broke; it counts every chunk sent again
+(`rollout/retries`, `reward/retries`), and ends the run with ActorGone once Ray has given up on
+an actor, or ChunkFailed once a chunk was sent again too often. The learner is never restarted:
+`LearnerWatch` turns its death into LearnerLost.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from grpo_dist.controller.actors import LearnerWatch, actor_state
+from grpo_dist.controller.errors import ActorGone, ChunkFailed
+from grpo_dist.controller.publish import WeightPublisher
+from grpo_dist.waits import ActorLost
+
+NAMES = {"rollout": "rollout worker", "reward": "reward actor", "learner": "learner"}
+# Run totals (kept in checkpoints); each step logs what it added.
+RESTART_COUNTERS = ("rollout/restarts", "rollout/retries", "reward/restarts", "reward/retries")
+
+
+class Supervisor:
+    """Keeps the rollout and reward actors serving, and counts what it took (see the module docstring)."""
+
+    def __init__(self, actors: dict[str, list[Any]], learner: LearnerWatch, weights: WeightPublisher, *,
+                 max_restarts: int, start_timeout_s: float, counters: dict[str, float] | None = None) -> None:
+        self.actors, self.learner, self.weights = actors, learner, weights
+        self.max_restarts, self.start_timeout_s = max_restarts, start_timeout_s
+        self.max_retries = max_restarts + 1  # attempts of one chunk beyond its first
+        self.counters = {name: 0.0 for name in RESTART_COUNTERS} | (counters or {})
+        self.seen = {(role, index): 0 for role, handles in actors.items() for index in range(len(handles))}
+
+    def revive(self, role: str, index: int) -> int:
+        """An actor lost a call or sampled with the wrong weights: wait until Ray has it back,
+        count the restart (ActorGone once Ray gave up), give a rollout worker the current weights
+        (queued before anything sent to it after this); returns the version it will serve."""
+        self.learner.check_alive()
+        self.wait_alive(role, index)
+        self.check(role, index)
+        if role == "rollout":
+            self.weights.repair(index)
+        return self.weights.version
+
+    def catch_up(self) -> None:
+        """Rollout workers Ray restarted since the last look (between calls, say) get the current weights."""
+        for role, index in self.seen:
+            if self.check(role, index) and role == "rollout":
+                self.weights.repair(index)
+
+    def verify_through(self, version: int) -> None:
+        """The served checksums of every push up to `version` (WeightPublisher); a worker that died
+        before it took one is revived."""
+        for index in self.weights.verify_through(version):
+            self.revive("rollout", index)
+
+    def count_retry(self, role: str, attempts: int, stage: str, why: str) -> None:
+        """A chunk is sent again for the `attempts`-th time: counted in `<role>/retries`;
+        ChunkFailed past `max_retries` (cluster.max_restarts + 1)."""
+        if attempts > self.max_retries:
+            raise ChunkFailed(f"{stage}: gave up after {self.max_retries} retries: {why}")
+        self.counters[f"{role}/retries"] += 1
+
+    def which(self, lost: ActorLost) -> tuple[str, int] | None:
+        """The (role, index) of the actor a lost call names (for a call whose input came from a
+        lost call: that call's actor), or None when it is none of these."""
+        for role, index in self.seen:
+            if self.actors[role][index]._actor_id.hex() == getattr(lost, "actor_id", None):
+                return role, index
+        return None
+
+    def check(self, role: str, index: int) -> bool:
+        """Whether Ray restarted the actor since the last check; ActorGone when it is dead for good."""
+        state, restarts = actor_state(self.actors[role][index])
+        if state == "DEAD":
+            raise ActorGone(f"{NAMES[role]} {index} died and Ray restarts it no more: it was restarted {restarts} "
+                            f"times (cluster.max_restarts={self.max_restarts})")
+        new = restarts - self.seen[(role, index)]
+        if new > 0:
+            self.seen[(role, index)] = restarts
+            self.counters[f"{role}/restarts"] += new
+        return new > 0
+
+    def wait_alive(self, role: str, index: int) -> None:
+        """Block until the actor is ALIVE again (its constructor ran): with max_task_retries=0 a call
+        sent while it restarts fails at once. ActorGone when Ray gave up on it or it is not back in time."""
+        deadline = time.monotonic() + self.start_timeout_s
+        while True:
+            state, _ = actor_state(self.actors[role][index])
+            if state == "ALIVE":
+                return
+            if state == "DEAD":
+                self.check(role, index)  # raises ActorGone
+            if time.monotonic() > deadline:
+                raise ActorGone(f"{NAMES[role]} {index} was not back within {self.start_timeout_s:.0f} s after its "
+                                f"process died (state {state}; cluster.actor_start_timeout_s)")
+            time.sleep(0.2)

@@ -1,0 +1,126 @@
+"""How a run executes: the controller's loop (trainer.*), the cluster (cluster.*), the vLLM
+engine (rollout.vllm.*), and what each actor reserves (the resource fields and bundle check
+of the rollout, reward and learner sections); and Section, the strict base of every section.
+
+config.py composes these into `Config`; import that from there.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class Section(BaseModel):
+    """Unknown keys are errors, so a typo never silently falls back to a default."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class VLLMConfig(Section):
+    """vLLM engine settings (used when the rollout engine is vllm); the dtype is model.dtype."""
+
+    max_model_len: int | None = Field(None, ge=1, description="context length; null: the model's own")
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="share of GPU memory for weights and KV")
+    tensor_parallel_size: int = Field(1, ge=1, description="GPUs per engine (1 on the CPU)")
+    enforce_eager: bool = Field(True, description="no CUDA graphs: faster start, slower decoding")
+    seed: int | None = Field(None, description="engine seed; null: trainer.seed*1000 + worker index")
+    cpu_kv_cache_gb: float = Field(1.0, gt=0, description="KV cache size on the CPU backend, GiB")
+
+
+Strategy = Literal["pack", "spread"]
+
+
+def resources_field(actor: str) -> Any:
+    return Field(default_factory=dict, description=f"custom Ray resources each {actor} reserves, e.g. "
+                 "{engine_node: 1}: it lands only on nodes started with them (ray start --resources)")
+
+
+def node_labels_field(actor: str) -> Any:
+    return Field(default_factory=dict, description=f"node labels each {actor} requires, e.g. "
+                 "{pool: gpu}: it lands only on nodes started with them (ray start --labels)")
+
+
+def check_bundle(section: str, num_cpus: float, num_gpus: float, resources: dict[str, float], what: str) -> None:
+    """Every actor sits in a placement-group bundle, and Ray refuses a bundle that asks for nothing."""
+    if num_cpus == 0 and num_gpus == 0 and not any(resources.values()):
+        raise ValueError(f"{what} sits in a placement-group bundle: give {section}.num_cpus, {section}.num_gpus "
+                         f"or {section}.resources > 0")
+
+
+class TrainerConfig(Section):
+    steps: int = Field(150, ge=1)
+    max_wall_seconds: float | None = Field(None, gt=0, description="stop training when this much time has passed")
+    seed: int = Field(0, description="data order, sampling and learner seeds derive from it")
+    mode: Literal["sync", "async"] = Field(
+        "sync", description="sync: every batch is sampled by the weights it trains (async with max_staleness 0); "
+        "async: rollouts run ahead of the learner by up to max_staleness versions"
+    )
+    max_staleness: int = Field(
+        1, ge=0, description="async: a sample is trained on at most this many policy versions after the weights "
+        "that sampled it; max_staleness+1 batches are in flight"
+    )
+    call_timeout_s: float = Field(
+        600.0, gt=0, description="bound on every wait for an actor call (generate, score, train_step, weight "
+        "load); past it the run stops with an error naming the actor and the stage"
+    )
+    eval_every: int = Field(10, ge=0, description="evaluate every N steps (0: before and after only)")
+    output_dir: str = Field("runs", description="run directories are created here")
+    run_name: str | None = Field(None, description="the run directory's name; null: the start time")
+    save_final: bool = Field(True, description="save the final policy to RUN_DIR/final (atomically)")
+    checkpoint_every: int = Field(
+        50, ge=0, description="save a resumable checkpoint every N steps, and always after the last step and on "
+        "SIGINT/SIGTERM (0: only then); --resume continues from the newest"
+    )
+    keep_checkpoints: int = Field(2, ge=1, description="keep the newest N checkpoints in RUN_DIR/checkpoints")
+    max_bad_steps: int = Field(
+        3, ge=1, description="stop the run (exit 1, after a checkpoint) after N steps in a row whose loss or gradient "
+        "was not finite: each is skipped, the weights stay the last good ones"
+    )
+    verify_weight_sync: bool = Field(True, description="check every rollout worker's weight checksum each step")
+    weight_sync: Literal["auto", "object_store", "nccl"] = Field(
+        "auto", description="how weights reach the engines; auto: nccl with engine vllm and whole GPUs, else object_store"
+    )
+    weight_sync_timeout_s: float = Field(
+        300.0, gt=0, description="bound on forming the NCCL weight group and on each step's weight sync"
+    )
+    weight_sync_bucket_mb: int = Field(512, ge=1, description="NCCL broadcast bucket size, MiB")
+    progress: bool = Field(True, description="a progress bar; false: a console line every 10 steps")
+    loggers: list[Literal["jsonl", "tensorboard", "wandb"]] = Field(
+        ["jsonl", "tensorboard"],
+        description="metric sinks: jsonl (RUN_DIR/metrics.jsonl, always written), tensorboard (RUN_DIR/tensorboard), "
+        "wandb (needs the wandb package; WANDB_MODE=offline needs no network)",
+    )
+    wandb_project: str = Field("grpo_dist", description="wandb project; the wandb run is named after the run directory")
+    samples_every: int = Field(
+        10, ge=0, description="log prompts with their completions, rewards and advantages every N steps (0: never)"
+    )
+    samples_per_log: int = Field(2, ge=1, description="prompts per samples log, each with all its completions")
+
+    @field_validator("loggers")
+    @classmethod
+    def _loggers_installed(cls, value: list[str]) -> list[str]:
+        if "wandb" in value and importlib.util.find_spec("wandb") is None:
+            raise ValueError("wandb is not installed: pip install -e '.[wandb]', or leave wandb out of trainer.loggers")
+        return value
+
+
+class ClusterConfig(Section):
+    address: str | None = Field(
+        None,
+        description="null: join the running cluster (RAY_ADDRESS, else `ray start`'s) if it answers, else start a "
+        "local one; 'local': always start one; 'auto', host:port or ray://host:port: join it, fail if it is down",
+    )
+    num_cpus: int | None = Field(None, ge=1, description="CPUs of a locally started cluster")
+    namespace: str = Field("grpo_dist", description="Ray namespace of the run's actors")
+    actor_start_timeout_s: float = Field(
+        600.0, gt=0, description="give up when actors cannot be placed, or when a restarted actor is not back "
+        "within this time"
+    )
+    max_restarts: int = Field(
+        3, ge=0, description="times Ray restarts each rollout and reward actor whose process died; its calls in "
+        "flight are sent again, a rollout worker gets the current weights first (docs/checkpoints.md); the learner "
+        "is never restarted"
+    )

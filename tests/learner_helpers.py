@@ -1,0 +1,53 @@
+"""Learners and scored groups for the tests that train a learner directly (no Ray):
+test_learner, test_learner_group, test_lora, test_schedule, test_algorithms, test_dynamic."""
+
+import torch
+
+from grpo_dist.config import load_config
+from grpo_dist.data import build_prompts
+from grpo_dist.learner.schedule import make_scheduler
+from grpo_dist.learner.worker import Learner
+from grpo_dist.models import load_tokenizer
+from grpo_dist.reward.rules import exact_answer
+from grpo_dist.rollout.worker import RolloutWorker
+from grpo_dist.seeding import prompt_seed
+from grpo_dist.types import SamplingSettings
+
+BASE = ["rollout.engine=transformers", "rollout.group_size=4", "rollout.threads=1", "learner.threads=1",
+        "algo.lr=1e-3"]
+PROBLEMS = [(58, 67), (12, 30), (99, 1), (45, 45)]
+
+
+def make_config(*overrides: str):
+    return load_config(None, [*BASE, *overrides])
+
+
+def make_learner(*overrides: str, sgd: bool = False) -> Learner:
+    """With `sgd`, plain SGD (lr 0.1) replaces AdamW, so that parameters show the gradient itself:
+    AdamW's first step, lr * g / (|g| + eps), turns float noise in a gradient near 0 (1e-7
+    here, between equal updates computed in different orders) into differences of up to lr."""
+    config = make_config(*overrides)
+    learner = Learner(config.model, config.algo, config.learner, config.rollout, seed=0,
+                      total_steps=config.trainer.steps)
+    if sgd:
+        learner.optimizer = torch.optim.SGD(learner.weights.params, lr=0.1)
+        learner.scheduler = make_scheduler(learner.optimizer, config.algo, config.trainer.steps)
+    return learner
+
+
+def scored_groups(config, problems=PROBLEMS, seed=1234, worker=None):
+    """Groups sampled by a real engine; reward = exact answer + 0.1 per token (non-binary)."""
+    worker = worker or RolloutWorker(config.model, config.rollout, seed=0)
+    rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a, b in problems]
+    prompts = build_prompts(rows, config.data, load_tokenizer(config.model.path))
+    sampling = SamplingSettings(n=config.rollout.group_size, temperature=config.rollout.temperature,
+                                max_new_tokens=config.rollout.max_new_tokens)
+    groups = worker.generate(prompts, sampling, [prompt_seed(seed, 0, i) for i in range(len(prompts))])
+    for group in groups:
+        group.rewards = [exact_answer(group.prompt, c.text, group.row["answer"]) + 0.1 * len(c.token_ids)
+                         for c in group.completions]
+    return groups
+
+
+def masters(learner: Learner) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in learner.weights.params]
