@@ -65,6 +65,19 @@ def freeze_actor(class_name: str, root_pid: int | None = None, timeout_s: float 
     return signal_actor(class_name, signal.SIGSTOP, root_pid, timeout_s)
 
 
+def busy_in(class_name: str, method: str, root_pid: int | None = None, timeout_s: float = 60.0) -> int:
+    """The pid of the first `ray::<class_name>` process below `root_pid` seen running `method`
+    (titled `ray::<class_name>.<method>`); polls every few milliseconds, so a call of a few tens
+    of them is seen when it recurs."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for process in psutil.Process(root_pid or os.getpid()).children(recursive=True):
+            if title(process) == f"ray::{class_name}.{method}":
+                return process.pid
+        time.sleep(0.002)
+    raise LookupError(f"no ray::{class_name} process ran {method} within {timeout_s:.0f} s")
+
+
 def wait_restarted(class_name: str, old_pid: int, root_pid: int | None = None, count: int = 1,
                    timeout_s: float = 60.0) -> list[int]:
     """Wait until `count` `ray::<class_name>` processes run and `old_pid` is not one; returns their pids.

@@ -10,11 +10,12 @@ import ray
 
 from conftest import ENGINES, small_config
 from reward_helpers import known_correct_count
-from grpo_dist.config import BUILTIN_ROOT, ConfigError, dump_config
+from grpo_dist.config import BUILTIN_ROOT, Config, ConfigError, dump_config, effective_reward
 from grpo_dist.data import held_out_prompts
 from grpo_dist.controller.actors import Actors
 from grpo_dist.eval import main, parse_ks, resolve_checkpoint
 from grpo_dist.evaluation import evaluate, pass_at_k
+from grpo_dist.reward.worker import RewardWorker
 
 MODEL = BUILTIN_ROOT / "arithmetic" / "model"
 PASS_AT_N = 4  # samples per prompt for pass@k
@@ -80,18 +81,24 @@ def test_the_command_exits_2_before_starting_ray(tmp_path, capsys):
     assert not ray.is_initialized()
 
 
+# Rewards for greedy accuracy: the exact answer (1) plus half a point for the answer format: 0, 0.5 or 1.5.
+GRADED = "reward.functions=[{name: exact_answer}, {name: answer_format, weight: 0.5, " \
+         "kwargs: {pattern: '<answer>[0-9]+</answer>'}}]"
+# A reward that makes a known number of each group's samples correct (tests/reward_helpers.py).
+KNOWN = (f"reward.functions=[{{name: 'reward_helpers:first_correct', kwargs: {{group_size: {PASS_AT_N}}}}}]",
+         "reward.accuracy_from=reward_helpers:first_correct")
+
+
+def eval_config(output_dir, engine: str, *reward: str) -> Config:
+    return small_config(output_dir, f"rollout.engine={engine}", "data.eval_rows=16", "rollout.temperature=0.7",
+                        # one vLLM engine on 2 cores: 31 s rather than 48
+                        f"rollout.num_workers={2 if engine == 'transformers' else 1}", *reward)
+
+
 @pytest.fixture(scope="module", params=ENGINES)
 def evaluation(request, ray_cluster, tmp_path_factory):
-    """Rollout and reward actors of one engine, their config and 16 held-out prompts. Rewards: the
-    exact answer (1) plus half a point for the answer format, so 0, 0.5 or 1.5; and, weighted 0,
-    `first_correct`, which marks a known number of each group's samples correct."""
-    config = small_config(tmp_path_factory.mktemp("eval"), f"rollout.engine={request.param}", "data.eval_rows=16",
-                          "rollout.temperature=0.7",
-                          "reward.functions=[{name: exact_answer}, {name: answer_format, weight: 0.5, "
-                          "kwargs: {pattern: '<answer>[0-9]+</answer>'}}, {name: 'reward_helpers:first_correct', "
-                          f"weight: 0, kwargs: {{group_size: {PASS_AT_N}}}}}]",
-                          # one vLLM engine on 2 cores: 31 s rather than 48
-                          f"rollout.num_workers={2 if request.param == 'transformers' else 1}")
+    """Rollout and reward actors of one engine (rewards: GRADED), their config and 16 held-out prompts."""
+    config = eval_config(tmp_path_factory.mktemp("eval"), request.param, GRADED)
     actors = Actors.start(config, learner=False)
     yield config, actors.rollouts, actors.rewards, held_out_prompts(config)
     actors.stop()
@@ -107,11 +114,14 @@ def test_evaluate_scores_greedy_completions(evaluation):
         metrics["eval/accuracy"] * (1 - metrics["eval/accuracy"]) / 16))
 
 
-def test_pass_at_k_of_sampled_completions_is_the_closed_form_of_the_known_counts(evaluation):
-    config, rollouts, rewards, prompts = evaluation
-    config = config.model_copy(deep=True)
-    config.reward.accuracy_from = "reward_helpers:first_correct"
-    metrics = evaluate(rollouts, rewards, prompts, config, ks=(1, 2, PASS_AT_N))
+def test_pass_at_k_of_sampled_completions_is_the_closed_form_of_the_known_counts(evaluation, tmp_path):
+    graded, rollouts, _, prompts = evaluation
+    config = eval_config(tmp_path, graded.rollout.engine, *KNOWN)
+    known = ray.remote(RewardWorker).options(num_cpus=0).remote(effective_reward(config))  # the same engines
+    try:
+        metrics = evaluate(rollouts, [known], prompts, config, ks=(1, 2, PASS_AT_N))
+    finally:
+        ray.kill(known)
     # c of the n = PASS_AT_N samples of each prompt are correct; the greedy one iff c >= 1
     correct = [known_correct_count(prompt.text, PASS_AT_N) for prompt in prompts]
     assert len(set(correct)) >= 3, correct  # the rows differ: the average is not one value's

@@ -5,6 +5,9 @@ cluster, its actors killed or frozen from outside (tests/faults.py) as the issue
   completes (exit 0), every step there, the restarts counted;
 - the learner killed: exit 1, one message naming the step, the last checkpoint, the command;
 - a rollout worker frozen (SIGSTOP): exit 1 within trainer.call_timeout_s, naming it and its stage;
+- a rollout worker frozen where its only calls are weight loads: exit 1, naming the load;
+- async mode, a rollout worker killed: the run completes, no trained group staler than the bound;
+- one of two learner ranks killed: exit 1 with the resume command, within trainer.call_timeout_s;
 - every step's loss not finite: exit 1 after trainer.max_bad_steps steps, with a checkpoint;
 - SIGINT: the step in progress finishes, a checkpoint, exit 130, the resume command printed.
 """
@@ -18,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from faults import freeze_actor, kill_actor, kill_session, wait_restarted
+from faults import actor_processes, busy_in, freeze_actor, kill_actor, kill_session, wait_restarted
 from runs import SMALL, finish, start, train_records, wait_for
 
 pytestmark = pytest.mark.slow
@@ -98,6 +101,88 @@ def test_a_frozen_rollout_worker_ends_the_run_naming_it_and_its_stage(tmp_path):
     assert code == 1, output[-3000:]
     assert re.search(r"error: rollout worker \d: generate_chunk \(chunk \d+ of step \d+\): not done after 8 s "
                      r"\(trainer.call_timeout_s\)", output), output[-3000:]
+    assert took < 60, took
+
+
+def test_a_weight_load_that_never_ends_stops_the_run_naming_it(tmp_path):
+    """One prompt per step goes to rollout worker 0 (contiguous shares): worker 1 only takes
+    weights, so with it frozen the first wait to run out is that for a weight load. In
+    object-store mode each step's load is bounded by trainer.call_timeout_s (the check of the
+    served checksums); trainer.weight_sync_timeout_s bounds the NCCL group and a resume's push."""
+    where, run_dir, log = run_dir_and_log(tmp_path)
+    run = start(*SMALL, *where, "trainer.steps=1000", "rollout.num_workers=2", "learner.num_cpus=0.5",
+                "rollout.prompts_per_step=1", "data.eval=null", "trainer.call_timeout_s=8", log=log)
+    frozen = None
+    try:
+        wait_for(lambda: len(train_records(run_dir)) >= 1, run)  # worker 1 has answered describe and checksum
+        generating = busy_in("RolloutWorker", "generate_chunk", root_pid=run.pid)
+        [frozen] = [p.pid for p in actor_processes("RolloutWorker", run.pid) if p.pid != generating]
+        os.kill(frozen, signal.SIGSTOP)
+        frozen_at = time.monotonic()
+        code, output = finish(run, timeout=120, log=log)
+        took = time.monotonic() - frozen_at
+    finally:
+        if frozen is not None:
+            try:
+                os.kill(frozen, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        kill_session(run.pid)
+    assert code == 1, output[-3000:]
+    assert re.search(r"error: rollout worker 1: load weights version \d+: not done after 8 s "
+                     r"\(trainer.call_timeout_s\); ", output), output[-3000:]
+    assert took < 60, took
+
+
+def test_async_a_killed_rollout_worker_is_restarted_and_no_group_is_staler_than_the_bound(tmp_path):
+    where, run_dir, log = run_dir_and_log(tmp_path)
+    steps, bound = 30, 1
+    run = start(*SMALL, *where, f"trainer.steps={steps}", "trainer.mode=async", f"trainer.max_staleness={bound}",
+                "rollout.num_workers=2", "learner.num_cpus=0.5", "trainer.checkpoint_every=0",
+                "trainer.samples_every=1", "trainer.samples_per_log=8", "trainer.save_final=false", log=log)
+    try:
+        wait_for(lambda: len(train_records(run_dir)) >= 2, run)
+        killed = kill_actor("RolloutWorker", root_pid=run.pid)  # preferably one busy generating
+        wait_restarted("RolloutWorker", killed, root_pid=run.pid, count=2)
+        code, output = finish(run, log=log)
+    finally:
+        kill_session(run.pid)
+    assert code == 0, output[-3000:]
+    records = train_records(run_dir)
+    assert [r["step"] for r in records] == list(range(1, steps + 1))
+    assert summed(records, "rollout/restarts") >= 1, records[-1]
+    assert json.loads((run_dir / "summary.json").read_text())["rollout_restarts"] >= 1
+    assert max(r["rollout/staleness_max"] for r in records) == bound
+    # each group: the version that sampled it, against the learner's that trained on it
+    trained_by = {r["step"]: int(r["policy/version"]) - 1 for r in records}
+    samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+    assert sorted({s["step"] for s in samples}) == list(range(1, steps + 1)) and len(samples) == 8 * steps
+    lags = [trained_by[s["step"]] - s["policy_version"] for s in samples]
+    assert 0 <= min(lags) and max(lags) == bound, lags
+
+
+def test_a_dead_learner_rank_ends_the_run_with_the_resume_command(tmp_path):
+    """learner.num_ranks=2, one rank killed (preferably in train_step): its peer's collective
+    fails, and every wait of the group on its ranks is bounded by trainer.call_timeout_s (which
+    also bounds the ranks' start here: 30 s, not less, on 2 busy cores)."""
+    where, run_dir, log = run_dir_and_log(tmp_path)
+    run = start(*SMALL, *where, "trainer.steps=1000", "learner.num_ranks=2", "learner.num_cpus=0.5",
+                "rollout.num_workers=1", "trainer.checkpoint_every=2", "trainer.call_timeout_s=30", log=log)
+    try:
+        wait_for(lambda: (run_dir / "checkpoints" / "step_000002" / "COMPLETE").is_file(), run)
+        kill_actor("Learner", root_pid=run.pid)
+        killed_at = time.monotonic()
+        code, output = finish(run, timeout=120, log=log)
+        took = time.monotonic() - killed_at
+    finally:
+        kill_session(run.pid)
+    assert code == 1, output[-3000:]
+    found = re.search(r"error: the learner died (during \w+ )?at step (\d+) .*; the last checkpoint is (\S+) "
+                      r"\(step (\d+)\); resume with: python -m grpo_dist.launch --resume (\S+)\n", output)
+    assert found, output[-3000:]
+    _, step, checkpoint, saved, resume_dir = found.groups()
+    assert int(saved) >= 2 and int(step) > int(saved) and Path(resume_dir) == run_dir
+    assert (Path(checkpoint) / "COMPLETE").is_file()
     assert took < 60, took
 
 
