@@ -84,7 +84,8 @@ class TrainerConfig(Section):
         "auto", description="how weights reach the engines; auto: nccl with engine vllm and whole GPUs, else object_store"
     )
     weight_sync_timeout_s: float = Field(
-        300.0, gt=0, description="bound on forming the NCCL weight group and on each step's weight sync"
+        300.0, gt=0, description="bound on forming the NCCL weight group, on each NCCL broadcast and on a "
+        "resume's push; a step's load through the object store is an actor call (trainer.call_timeout_s)"
     )
     weight_sync_bucket_mb: int = Field(512, ge=1, description="NCCL broadcast bucket size, MiB")
     progress: bool = Field(True, description="a progress bar; false: a console line every 10 steps")
@@ -113,7 +114,8 @@ class ClusterConfig(Section):
         description="null: join the running cluster (RAY_ADDRESS, else `ray start`'s) if it answers, else start a "
         "local one; 'local': always start one; 'auto', host:port or ray://host:port: join it, fail if it is down",
     )
-    num_cpus: int | None = Field(None, ge=1, description="CPUs of a locally started cluster")
+    num_cpus: int | None = Field(None, ge=1, description="CPUs of a locally started cluster; null: what the "
+                                 "run's actors reserve, at least the machine's cores")
     namespace: str = Field("grpo_dist", description="Ray namespace of the run's actors")
     actor_start_timeout_s: float = Field(
         600.0, gt=0, description="give up when actors cannot be placed, or when a restarted actor is not back "
