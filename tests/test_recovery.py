@@ -17,6 +17,7 @@ import os
 import re
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,26 @@ from faults import actor_processes, busy_in, freeze_actor, kill_actor, kill_sess
 from runs import SMALL, finish, start, train_records, wait_for
 
 pytestmark = pytest.mark.slow
+
+
+def freeze_until_the_end(run, log: Path, run_dir: Path, freeze: Callable[[], int]) -> tuple[int, str, float]:
+    """Once the run has trained a step, `freeze()` stops one of its processes (SIGSTOP) and returns
+    its pid; then wait for the run to end: (exit code, output, seconds from the freeze). The
+    process is let go (SIGCONT) and the run's session killed whatever happens."""
+    frozen = None
+    try:
+        wait_for(lambda: len(train_records(run_dir)) >= 1, run)
+        frozen = freeze()
+        frozen_at = time.monotonic()
+        code, output = finish(run, timeout=120, log=log)
+        return code, output, time.monotonic() - frozen_at
+    finally:
+        if frozen is not None:
+            try:
+                os.kill(frozen, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        kill_session(run.pid)
 
 
 def run_dir_and_log(tmp_path: Path) -> tuple[list[str], Path, Path]:
@@ -84,20 +105,8 @@ def test_a_dead_learner_ends_the_run_with_the_step_the_checkpoint_and_the_resume
 def test_a_frozen_rollout_worker_ends_the_run_naming_it_and_its_stage(tmp_path):
     where, run_dir, log = run_dir_and_log(tmp_path)
     run = start(*SMALL, *where, "trainer.steps=1000", "trainer.call_timeout_s=8", log=log)
-    frozen = None
-    try:
-        wait_for(lambda: len(train_records(run_dir)) >= 1, run)
-        frozen = freeze_actor("RolloutWorker", root_pid=run.pid)
-        frozen_at = time.monotonic()
-        code, output = finish(run, timeout=120, log=log)
-        took = time.monotonic() - frozen_at
-    finally:
-        if frozen is not None:
-            try:
-                os.kill(frozen, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
-        kill_session(run.pid)
+    code, output, took = freeze_until_the_end(run, log, run_dir,
+                                              lambda: freeze_actor("RolloutWorker", root_pid=run.pid))
     assert code == 1, output[-3000:]
     assert re.search(r"error: rollout worker \d: generate_chunk \(chunk \d+ of step \d+\): not done after 8 s "
                      r"\(trainer.call_timeout_s\)", output), output[-3000:]
@@ -112,22 +121,14 @@ def test_a_weight_load_that_never_ends_stops_the_run_naming_it(tmp_path):
     where, run_dir, log = run_dir_and_log(tmp_path)
     run = start(*SMALL, *where, "trainer.steps=1000", "rollout.num_workers=2", "learner.num_cpus=0.5",
                 "rollout.prompts_per_step=1", "data.eval=null", "trainer.call_timeout_s=8", log=log)
-    frozen = None
-    try:
-        wait_for(lambda: len(train_records(run_dir)) >= 1, run)  # worker 1 has answered describe and checksum
+
+    def freeze_the_other_worker() -> int:  # (worker 1 has answered describe and checksum by now)
         generating = busy_in("RolloutWorker", "generate_chunk", root_pid=run.pid)
-        [frozen] = [p.pid for p in actor_processes("RolloutWorker", run.pid) if p.pid != generating]
-        os.kill(frozen, signal.SIGSTOP)
-        frozen_at = time.monotonic()
-        code, output = finish(run, timeout=120, log=log)
-        took = time.monotonic() - frozen_at
-    finally:
-        if frozen is not None:
-            try:
-                os.kill(frozen, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
-        kill_session(run.pid)
+        [other] = [p.pid for p in actor_processes("RolloutWorker", run.pid) if p.pid != generating]
+        os.kill(other, signal.SIGSTOP)
+        return other
+
+    code, output, took = freeze_until_the_end(run, log, run_dir, freeze_the_other_worker)
     assert code == 1, output[-3000:]
     assert re.search(r"error: rollout worker 1: load weights version \d+: not done after 8 s "
                      r"\(trainer.call_timeout_s\); ", output), output[-3000:]
