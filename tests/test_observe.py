@@ -17,6 +17,9 @@ from wandb.proto import wandb_internal_pb2
 from conftest import small_config
 from grpo_dist.controller.loop import Trainer
 
+# A whole short run (3 steps, every sink, evaluations, the report): the slow tier.
+pytestmark = pytest.mark.slow
+
 STEPS = 3
 
 
@@ -131,7 +134,6 @@ def test_the_run_draws_its_report(run_dir):
     assert (run_dir / "report.png").stat().st_size > 50_000
 
 
-@pytest.mark.slow  # a subprocess that starts its own Ray: about 40 s on 2 busy cores
 def test_evaluating_the_final_checkpoint_reproduces_the_runs_accuracy(run_dir, tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     result = subprocess.run(
