@@ -28,6 +28,21 @@ from runs import SMALL, finish, start, train_records, wait_for
 pytestmark = pytest.mark.slow
 
 
+def kill_while_it_trains(run, run_dir: Path, log: Path, *actors: str) -> tuple[int, str]:
+    """Once the run has trained two steps, kill -9 one actor of each class in `actors` in turn (a
+    rollout worker preferably while it generates, and back before anything else happens); then
+    wait for the run to end: (exit code, output). The run's session is killed whatever happens."""
+    try:
+        wait_for(lambda: len(train_records(run_dir)) >= 2, run)
+        for name in actors:
+            killed = kill_actor(name, root_pid=run.pid)
+            if name == "RolloutWorker":
+                wait_restarted(name, killed, root_pid=run.pid, count=2)
+        return finish(run, log=log)
+    finally:
+        kill_session(run.pid)
+
+
 def freeze_until_the_end(run, log: Path, run_dir: Path, freeze: Callable[[], int]) -> tuple[int, str, float]:
     """Once the run has trained a step, `freeze()` stops one of its processes (SIGSTOP) and returns
     its pid; then wait for the run to end: (exit code, output, seconds from the freeze). The
@@ -62,14 +77,7 @@ def test_killed_rollout_and_reward_actors_are_restarted_and_the_run_completes(tm
     run = start(*SMALL, *where, f"trainer.steps={steps}", "rollout.num_workers=2", "learner.num_cpus=0.5",
                 "reward.num_workers=1", "trainer.checkpoint_every=0", "trainer.samples_every=1",
                 "trainer.samples_per_log=8", "trainer.save_final=false", log=log)
-    try:
-        wait_for(lambda: len(train_records(run_dir)) >= 2, run)
-        killed = kill_actor("RolloutWorker", root_pid=run.pid)  # preferably one busy generating
-        wait_restarted("RolloutWorker", killed, root_pid=run.pid, count=2)
-        kill_actor("RewardWorker", root_pid=run.pid)
-        code, output = finish(run, log=log)
-    finally:
-        kill_session(run.pid)
+    code, output = kill_while_it_trains(run, run_dir, log, "RolloutWorker", "RewardWorker")
     assert code == 0, output[-3000:]
     records = train_records(run_dir)
     assert [r["step"] for r in records] == list(range(1, steps + 1))
@@ -141,13 +149,7 @@ def test_async_a_killed_rollout_worker_is_restarted_and_no_group_is_staler_than_
     run = start(*SMALL, *where, f"trainer.steps={steps}", "trainer.mode=async", f"trainer.max_staleness={bound}",
                 "rollout.num_workers=2", "learner.num_cpus=0.5", "trainer.checkpoint_every=0",
                 "trainer.samples_every=1", "trainer.samples_per_log=8", "trainer.save_final=false", log=log)
-    try:
-        wait_for(lambda: len(train_records(run_dir)) >= 2, run)
-        killed = kill_actor("RolloutWorker", root_pid=run.pid)  # preferably one busy generating
-        wait_restarted("RolloutWorker", killed, root_pid=run.pid, count=2)
-        code, output = finish(run, log=log)
-    finally:
-        kill_session(run.pid)
+    code, output = kill_while_it_trains(run, run_dir, log, "RolloutWorker")
     assert code == 0, output[-3000:]
     records = train_records(run_dir)
     assert [r["step"] for r in records] == list(range(1, steps + 1))
