@@ -182,10 +182,12 @@ def test_a_group_serves_saves_and_loads_like_one_learner(ray_cluster, groups, tm
     ray.kill(group)
     assert all(v["state"] == "REMOVED" for v in placement_group_table().values()
                if v["bundles"] == {0: {"CPU": 0.5}, 1: {"CPU": 0.5}})
-    deadline = time.monotonic() + 30  # Ray returns the resources asynchronously
-    while ray.available_resources().get("CPU") != free and time.monotonic() < deadline:
+    # Ray returns resources asynchronously, the group's and an earlier test's actors' alike: at
+    # least what was free before the group started comes back
+    deadline = time.monotonic() + 30
+    while ray.available_resources().get("CPU", 0.0) < free and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert ray.available_resources().get("CPU") == free
+    assert ray.available_resources().get("CPU", 0.0) >= free
 
 
 @pytest.mark.slow
