@@ -59,6 +59,7 @@ def test_a_reward_actor_keeps_serving_after_adversarial_programs(ray_cluster):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow  # a whole run, tens of seconds
 def test_two_grpo_steps_of_the_recipe_with_the_tiny_local_model(ray_cluster, tmp_path):
     # a tiny model with the context the code prompts need (the arithmetic model's is 64 positions)
     save_tiny_model(tmp_path / "model", "qwen2", max_positions=1024)

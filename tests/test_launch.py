@@ -91,6 +91,7 @@ def test_bad_input_is_one_message_exit_2_and_nothing_written(tmp_path):
     assert not (tmp_path / "empty").exists() and not (tmp_path / "nothing").exists()
 
 
+@pytest.mark.slow  # two clusters started, tens of seconds
 def test_a_local_cluster_fits_the_run_and_one_that_cannot_is_exit_2_in_one_line(tmp_path):
     """Four learner ranks on a 2-core machine: the cluster connect_ray starts itself gets the
     logical CPUs the run reserves (it waited cluster.actor_start_timeout_s, then dumped Ray's

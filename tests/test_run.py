@@ -2,12 +2,14 @@
 
 import json
 
+import pytest
 import torch
 
 from conftest import small_config
 from grpo_dist.controller.loop import Trainer
 
 
+@pytest.mark.slow  # a whole run, tens of seconds
 def test_a_short_run_writes_the_run_directory(ray_cluster, tmp_path):
     config = small_config(tmp_path, "trainer.steps=2", "trainer.eval_every=1")
     run_dir = tmp_path / "run"
