@@ -7,6 +7,7 @@ the loopback address only. Nothing here imports ray until `connect_ray` runs.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from pathlib import Path
@@ -124,7 +125,7 @@ def connect_ray(config: Config, join: str | None) -> None:
     common = {"namespace": config.cluster.namespace, "log_to_driver": True}
     if join is None:  # the dashboard (and the Jobs API) starts where ray[default] is installed
         ray_constants.ENABLE_RAY_CLUSTER = False
-        cpus = config.cluster.num_cpus or max(os.cpu_count() or 1, int(-(-required_resources(config)["CPU"] // 1)))
+        cpus = config.cluster.num_cpus or max(os.cpu_count() or 1, math.ceil(required_resources(config)["CPU"]))
         context = ray.init(address="local", num_cpus=cpus, dashboard_host="127.0.0.1", **common)
         if context.dashboard_url:
             print(f"Ray dashboard: http://{context.dashboard_url}", file=sys.stderr)

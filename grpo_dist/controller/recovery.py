@@ -30,7 +30,7 @@ from grpo_dist.controller.errors import ActorGone, ChunkFailed
 from grpo_dist.controller.publish import WeightPublisher
 from grpo_dist.waits import ActorLost
 
-NAMES = {"rollout": "rollout worker", "reward": "reward actor", "learner": "learner"}
+NAMES = {"rollout": "rollout worker", "reward": "reward actor"}
 # Run totals (kept in checkpoints); each step logs what it added.
 RESTART_COUNTERS = ("rollout/restarts", "rollout/retries", "reward/restarts", "reward/retries")
 
