@@ -303,6 +303,10 @@ class LearnerConfig(Section):
         1, ge=1, description="data-parallel learner ranks: Ray actors in one placement group, each taking its share "
         "of every batch (gloo on CPUs, NCCL on GPUs); rank 0 exports weights"
     )
+    collective_timeout_s: float = Field(
+        300.0, gt=0, description="with num_ranks > 1: a collective (gradient all-reduce) whose peer rank died or hung "
+        "fails after this; the controller hears of a death from Ray within seconds either way"
+    )
     lora: LoraConfig | None = Field(
         None, description="train LoRA adapters (peft) on a frozen base instead of every weight; null: full training"
     )

@@ -64,7 +64,8 @@ class TrainerConfig(Section):
     )
     call_timeout_s: float = Field(
         600.0, gt=0, description="bound on every wait for an actor call (generate, score, train_step, weight "
-        "load); past it the run stops with an error naming the actor and the stage"
+        "load); past it a rollout or reward actor counts as hung: it is killed, Ray restarts it and its calls "
+        "are sent again (rollout/hangs, reward/hangs); a learner's ends the run, naming the stage"
     )
     eval_every: int = Field(10, ge=0, description="evaluate every N steps (0: before and after only)")
     output_dir: str = Field("runs", description="run directories are created here")

@@ -20,11 +20,10 @@ class CallTimeout(TimeoutError):
     """An actor call ran past its limit; the message names the actor, the stage and the field."""
 
 
-def wait_all(refs: list[ray.ObjectRef], names: list[str], timeout_s: float, *,
-             limit: str = "trainer.call_timeout_s", fail_fast: bool = False) -> None:
-    """Wait at most `timeout_s` until every ref is done (or failed); CallTimeout names the late
-    ones and `limit`, the field that set the time. `fail_fast`: raise the first failure as soon
-    as it is known (a learner rank's peers may be blocked in a collective meanwhile)."""
+def late_refs(refs: list[ray.ObjectRef], timeout_s: float, *, fail_fast: bool = False) -> list[ray.ObjectRef]:
+    """Wait at most `timeout_s` until every ref is done (or failed); returns those that are not.
+    `fail_fast`: raise the first failure as soon as it is known (a learner rank's peers may be
+    blocked in a collective meanwhile)."""
     deadline = time.monotonic() + timeout_s
     pending = list(refs)
     while pending:
@@ -33,10 +32,24 @@ def wait_all(refs: list[ray.ObjectRef], names: list[str], timeout_s: float, *,
         if not done or not fail_fast:
             break
         ray.get(done)  # raises the failure now
-    if pending:
-        late = set(pending)
-        where = "; ".join(dict.fromkeys(name for ref, name in zip(refs, names) if ref in late))
-        raise CallTimeout(f"{where}: not done after {timeout_s:g} s ({limit})")
+    return pending
+
+
+def timeout_error(refs: list[ray.ObjectRef], names: list[str], late: list[ray.ObjectRef], timeout_s: float,
+                  limit: str = "trainer.call_timeout_s") -> CallTimeout:
+    """The CallTimeout that names the `late` ones of `refs` and `limit`, the field that set the time."""
+    late_set = set(late)
+    where = "; ".join(dict.fromkeys(name for ref, name in zip(refs, names) if ref in late_set))
+    return CallTimeout(f"{where}: not done after {timeout_s:g} s ({limit})")
+
+
+def wait_all(refs: list[ray.ObjectRef], names: list[str], timeout_s: float, *,
+             limit: str = "trainer.call_timeout_s", fail_fast: bool = False) -> None:
+    """Wait at most `timeout_s` until every ref is done (or failed); CallTimeout names the late
+    ones and `limit` (see `late_refs` for `fail_fast`)."""
+    late = late_refs(refs, timeout_s, fail_fast=fail_fast)
+    if late:
+        raise timeout_error(refs, names, late, timeout_s, limit)
 
 
 def fetch(refs: list[ray.ObjectRef], names: list[str], timeout_s: float, **options: Any) -> list[Any]:
@@ -45,15 +58,28 @@ def fetch(refs: list[ray.ObjectRef], names: list[str], timeout_s: float, **optio
     return ray.get(refs)
 
 
-def fetch_each(refs: list[ray.ObjectRef], names: list[str], timeout_s: float) -> list[Any]:
-    """`fetch`, except that a call whose actor died gives its ActorLost error in its place."""
-    wait_all(refs, names, timeout_s)
-    values = []
-    for ref in refs:
+def fetch_each(refs: list[ray.ObjectRef], names: list[str], timeout_s: float, *,
+               late_ok: bool = False, failures_ok: bool = False) -> list[Any]:
+    """`fetch`, except that a call whose actor died gives its ActorLost error in its place; with
+    `late_ok`, a call not done after `timeout_s` gives its CallTimeout in its place (the caller
+    decides what a hung actor costs) instead of raising one for all; with `failures_ok`, a call
+    that raised gives its error (a RayTaskError) in its place."""
+    late = late_refs(refs, timeout_s)
+    if late and not late_ok:
+        raise timeout_error(refs, names, late, timeout_s)
+    values: list[Any] = []
+    for ref, name in zip(refs, names):
+        if ref in late:
+            values.append(timeout_error([ref], [name], [ref], timeout_s))
+            continue
         try:
             values.append(ray.get(ref))
         except ActorLost as lost:
             values.append(lost)
+        except ray.exceptions.RayTaskError as failed:
+            if not failures_ok:
+                raise
+            values.append(failed)
     return values
 
 

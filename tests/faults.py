@@ -10,9 +10,13 @@ processes included (they get process groups of their own): `kill_session` ends a
 
 from __future__ import annotations
 
+import contextlib
 import os
+import random
 import signal
+import threading
 import time
+from collections.abc import Callable
 
 import psutil
 
@@ -116,3 +120,52 @@ def kill_session(leader: int, timeout_s: float = 30.0) -> None:
         except psutil.NoSuchProcess:
             pass
     psutil.wait_procs(processes, timeout=timeout_s)
+
+
+class Chaos(threading.Thread):
+    """Kills (kill -9) or freezes (SIGSTOP) a random process of `classes` below `root_pid` each
+    time `progress()` (steps trained, say) has grown by `every` since the last fault and that
+    fault's process is gone (the run kills a frozen actor: a hung actor is a dead one), until
+    `stop()`. `faults` lists what it did: (class name, "kill" | "freeze", pid). `stop()` lets
+    every frozen process go."""
+
+    def __init__(self, classes: list[str], root_pid: int, progress: Callable[[], int], every: int,
+                 seed: int = 0) -> None:
+        super().__init__(daemon=True)
+        self.classes, self.root_pid, self.progress, self.every = classes, root_pid, progress, every
+        self.random = random.Random(seed)
+        self.faults: list[tuple[str, str, int]] = []
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        last = 0
+        while not self.stopping.wait(0.05):
+            if self.progress() < last + self.every:
+                continue
+            name, action = self.random.choice(self.classes), self.random.choice(["kill", "freeze"])
+            found = actor_processes(name, self.root_pid)
+            if not found:
+                continue  # (between a death and the restart)
+            victim = self.random.choice(found).pid
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(victim, signal.SIGKILL if action == "kill" else signal.SIGSTOP)
+                self.faults.append((name, action, victim))
+            while not self.stopping.is_set() and not ended(victim):
+                time.sleep(0.1)
+            last = self.progress()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(timeout=30)
+        for _, action, pid in self.faults:
+            if action == "freeze":
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+
+
+def ended(pid: int) -> bool:
+    """Whether the process has ended (a zombie, not reaped yet, has)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True

@@ -6,6 +6,9 @@ through the same code path with backend="gloo", the CPU stand-in for NCCL, and t
 steps with it. The timeout path (a peer that never comes) is not exercised.
 """
 
+import os
+import signal
+
 import pytest
 import ray
 
@@ -126,3 +129,20 @@ def test_a_stale_worker_is_caught_and_the_next_broadcast_repairs_it(trainer):
         trainer.verify_weights()
     trainer.sync.push(trainer.version)  # the same version again, over the weight group (as a resume does)
     trainer.verify_weights()
+
+
+def test_a_restarted_worker_rejoins_the_weight_group_formed_again(trainer):
+    """kill -9 a rollout worker between two steps: Ray restarts it outside the group; the group is
+    formed again (a fresh rendezvous of the learner and every engine), the current weights are
+    broadcast to all and verified, the lost chunk is generated again, and training goes on."""
+    trainer.verify_weights()  # (every receive of the last broadcast is over)
+    worker = trainer.actors.rollouts[0]
+    pid = ray.get(worker.__ray_call__.remote(lambda _: os.getpid()))
+    os.kill(pid, signal.SIGKILL)
+    step = trainer.version + 1
+    metrics = [trainer.step(step), trainer.step(step + 1)]
+    assert metrics[0]["rollout/restarts"] == 1 and metrics[1]["rollout/restarts"] == 0
+    assert trainer.sync.regroups >= 1 and ray.get(worker.__ray_call__.remote(lambda _: os.getpid())) != pid
+    assert all(m["weights/verified_version"] >= s - 1 for m, s in zip(metrics, (step, step + 1)))
+    trainer.verify_weights()  # every engine, the restarted one too, serves the learner's weights
+    assert [ray.get(w.policy_version.remote()) for w in trainer.actors.rollouts] == [step + 1] * 2

@@ -62,7 +62,7 @@ from grpo_dist.metrics import MetricsLog
 from grpo_dist.plots import write_report
 from grpo_dist.rollout.sampling import sampling_settings
 from grpo_dist.types import Group, Prompt, SamplingSettings
-from grpo_dist.waits import ActorLost, fetch, first_line
+from grpo_dist.waits import ActorLost, CallTimeout, fetch, first_line
 from grpo_dist.weights import WeightSync, make_weight_sync
 
 BAD_STEPS = "bad_steps_in_a_row"  # kept with the restart counters in checkpoints
@@ -282,6 +282,7 @@ class Trainer:
             **learner_metrics,
             **{name: self.counters[name] - counted[name] for name in RESTART_COUNTERS},
             "rollout/buffer_depth": depth,
+            "weights/verified_version": float(self.weights.verified),
             "data/epoch": float(batch.drawn_at["epoch"]),
             "data/position": float(batch.drawn_at["position"]),
             "time/step_s": step_s,
@@ -376,7 +377,8 @@ class Trainer:
         """Greedy accuracy on the held-out rows (evaluation.evaluate, as `python -m grpo_dist.eval` runs it).
 
         Its engine calls queue behind the latest weight push, so it measures version `self.version`.
-        An actor that dies during it is revived and the evaluation runs again.
+        An actor that dies or hangs during it is revived (a hung one killed first) and the evaluation
+        runs again.
         """
         if not self.eval_prompts:
             return float("nan")
@@ -391,5 +393,10 @@ class Trainer:
                     raise
                 log.note(f"evaluation at step {step}: {first_line(lost)}; evaluating again")
                 self.supervisor.revive(*where)
+            except CallTimeout as late:  # an actor hung: killed and revived, or the run ends
+                if attempt >= self.config.cluster.max_restarts or not self.supervisor.kill_unresponsive(
+                        str(late), grace_s=self.config.trainer.call_timeout_s):
+                    raise
+                log.note(f"evaluation at step {step}: {late}; the actors that hung were restarted; evaluating again")
         log.log_eval(step, metrics)
         return metrics["eval/accuracy"]

@@ -28,8 +28,10 @@ generated again there, same prompts and seeds, sampled by the current version
 (`reward/retries`). A chunk is the unit that can be sent again to any worker (`launch`); one
 sent again more than cluster.max_restarts + 1 times stops the run (ChunkFailed).
 
-Every wait is bounded by `trainer.call_timeout_s` (waits.py); running past it raises
-CallTimeout, which names the actor and the stage that did not finish.
+Every wait is bounded by `trainer.call_timeout_s` (waits.py). A chunk whose generation runs
+past it hangs: the supervisor kills its worker (Ray restarts it, `rollout/hangs`) and the
+chunk is generated again as after a death. A late scoring may wait on a hung engine: the
+supervisor kills whichever actors do not answer (recovery.py), then it is waited for again.
 
 Dynamic sampling (dynamic.py) collects a step in rounds: with `informative_only` the reward
 actors pass on only the groups that carry a gradient and count them; `submit(..., after=)`
@@ -48,7 +50,7 @@ from grpo_dist.controller.recovery import Supervisor
 from grpo_dist.reward.chunk_stats import batch_metrics
 from grpo_dist.seeding import prompt_seed
 from grpo_dist.types import Prompt, SamplingSettings
-from grpo_dist.waits import ActorLost, fetch_each, first_line
+from grpo_dist.waits import ActorLost, CallTimeout, fetch_each, first_line
 
 T = TypeVar("T")
 
@@ -186,20 +188,26 @@ class RolloutPipeline:
         return infos, self.scoring_stats(chunks), dropped
 
     def generation_infos(self, chunks: list[Chunk]) -> tuple[list[dict[str, float]], int]:
-        """Each chunk's generation info, once it is sampled by its version: lost and wrongly
-        sampled chunks are generated again by their worker, revived first."""
+        """Each chunk's generation info, once it is sampled by its version: lost, hung and wrongly
+        sampled chunks are generated again by their worker, revived first (a hung one killed)."""
         infos: list[Any] = [None] * len(chunks)
         dropped, pending = 0, list(range(len(chunks)))
         while pending:
             names = [chunks[i].stage_names()[0] for i in pending]
-            again = []
-            for i, info in zip(pending, fetch_each([chunks[i].info for i in pending], names, self.timeout_s)):
+            again, hung = [], {}
+            values = fetch_each([chunks[i].info for i in pending], names, self.timeout_s, late_ok=True)
+            for i, info in zip(pending, values):
                 infos[i] = info
-                if isinstance(info, ActorLost):
+                if isinstance(info, CallTimeout):
+                    hung.setdefault(chunks[i].worker, first_line(info))
+                    again.append((i, first_line(info)))
+                elif isinstance(info, ActorLost):
                     again.append((i, first_line(info)))
                 elif info["policy_version"] != chunks[i].version:
                     dropped += len(chunks[i].prompts)
                     again.append((i, f"sampled by policy version {info['policy_version']:.0f}, not {chunks[i].version}"))
+            for worker, why in hung.items():
+                self.supervisor.kill_hung("rollout", worker, why)
             current = {worker: self.supervisor.revive("rollout", worker)
                        for worker in sorted({chunks[i].worker for i, _ in again})}
             for i, why in again:
@@ -210,19 +218,27 @@ class RolloutPipeline:
         return infos, dropped
 
     def scoring_stats(self, chunks: list[Chunk]) -> list[dict[str, float]]:
-        """Each chunk's scoring stats; a chunk whose reward actor died is scored again there."""
+        """Each chunk's scoring stats; a chunk whose reward actor died is scored again there. A
+        late one: the actors that hung (an engine whose output a reward call waits for, or the
+        reward actor) are killed and revived (Supervisor.kill_unresponsive), then it is waited for
+        again; CallTimeout when every actor answers (the call is slow, not hung)."""
         stats: list[Any] = [None] * len(chunks)
         pending = list(range(len(chunks)))
         while pending:
             names = [chunks[i].stage_names()[1] for i in pending]
-            for i, stat in zip(pending, fetch_each([chunks[i].stats for i in pending], names, self.timeout_s)):
+            values = fetch_each([chunks[i].stats for i in pending], names, self.timeout_s, late_ok=True)
+            for i, stat in zip(pending, values):
                 stats[i] = stat
-            pending = [i for i in pending if isinstance(stats[i], ActorLost)]
-            for reward in sorted({chunks[i].reward for i in pending}):
+            late = [i for i in pending if isinstance(stats[i], CallTimeout)]
+            if late and not self.supervisor.kill_unresponsive(first_line(stats[late[0]]), self.timeout_s):
+                raise stats[late[0]]
+            lost = [i for i in pending if isinstance(stats[i], ActorLost)]
+            for reward in sorted({chunks[i].reward for i in lost}):
                 self.supervisor.revive("reward", reward)
-            for i in pending:
+            for i in lost:
                 self.count_retry(chunks[i], "reward", first_line(stats[i]))
                 self.score(chunks[i])
+            pending = [*late, *lost]
         return stats
 
     def count_retry(self, chunk: Chunk, role: str, why: str) -> None:

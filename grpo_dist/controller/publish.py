@@ -17,7 +17,7 @@ from typing import Any
 import ray
 
 from grpo_dist.controller.actors import LearnerWatch
-from grpo_dist.waits import ActorLost, fetch, fetch_each
+from grpo_dist.waits import ActorLost, CallTimeout, cause_line, fetch, fetch_each, first_line
 from grpo_dist.weights import WeightSync
 from grpo_dist.weights.errors import WeightSyncError
 
@@ -45,6 +45,7 @@ class WeightPublisher:
         self.pushes = 0  # pushes so far, regular and repairs: the serial number of the latest
         self.pending: deque[PendingCheck] = deque()
         self.repaired: dict[int, int] = {}  # rollout worker -> serial of the push that last repaired it
+        self.verified = version if verify else -1  # the latest version whose served checksums were compared
 
     def publish(self, version: int) -> None:
         """Queue the learner's weights as `version` on every engine, without waiting."""
@@ -56,30 +57,49 @@ class WeightPublisher:
                                              self.learner.actor.checksum.remote()))
 
     def repair(self, index: int) -> None:
-        """Queue the current weights on rollout worker `index` alone (restarted); always verified."""
-        [served] = self.sync.repair([index], self.version)
+        """Queue the current weights on rollout worker `index` (restarted; a broadcast transport
+        sends them to every worker); always verified."""
+        served = self.sync.repair([index], self.version)
         self.pushes += 1
-        self.repaired[index] = self.pushes
+        for worker in served:
+            self.repaired[worker] = self.pushes
         expected = self.learner.actor.checksum.remote()
-        self.pending.append(PendingCheck(self.version, self.pushes, {index: served}, expected))
+        self.pending.append(PendingCheck(self.version, self.pushes, served, expected))
 
-    def verify_through(self, version: int) -> list[int]:
+    def verify_through(self, version: int) -> tuple[list[int], dict[int, str]]:
         """Compare the served checksums of every push up to `version` with the learner's
-        (WeightSyncError on a mismatch); returns the workers that died before they took one and
-        were not repaired since: they need reviving."""
+        (WeightSyncError on a mismatch). Returns the workers that need reviving: those that died
+        before they took a push and were not repaired since, and those whose load did not finish
+        within `timeout_s` (hung: worker -> what it did not finish; the caller kills them). A load
+        that failed is an error unless a worker of the same push died or hung (a broadcast fails
+        for want of a rank: the group is formed again, every worker repaired) or it was repaired since."""
         lost: list[int] = []
+        hung: dict[int, str] = {}
         while self.pending and self.pending[0].version <= version:
             check = self.pending.popleft()
             expected = self.learner.call(check.expected, "checksum")
-            names = [f"rollout worker {index}: load weights version {check.version}" for index in check.served]
-            for index, value in zip(check.served, fetch_each(list(check.served.values()), names, self.timeout_s)):
-                if isinstance(value, ActorLost):
+            workers = [index for index in check.served if index not in hung]  # (each waited for once)
+            names = [f"rollout worker {index}: load weights version {check.version}" for index in workers]
+            values = fetch_each([check.served[index] for index in workers], names, self.timeout_s, late_ok=True,
+                                failures_ok=True)
+            failed = []
+            for index, value in zip(workers, values):
+                if isinstance(value, CallTimeout):
+                    hung[index] = first_line(value)
+                elif isinstance(value, ActorLost):
                     if self.repaired.get(index, 0) < check.serial and index not in lost:
                         lost.append(index)
+                elif isinstance(value, ray.exceptions.RayTaskError):
+                    if self.repaired.get(index, 0) < check.serial:
+                        failed.append((index, cause_line(value)))
                 elif value != expected:
                     raise WeightSyncError(f"rollout worker {index} does not serve the learner's weights "
                                           f"(version {check.version})")
-        return lost
+            if failed and not (set(lost) | set(hung)) & set(check.served):
+                index, why = failed[0]
+                raise WeightSyncError(f"rollout worker {index}: load weights version {check.version} failed: {why}")
+            self.verified = max(self.verified, check.version)
+        return lost, hung
 
     def push_now(self, version: int) -> None:
         """Send `version` to every engine and wait until each serves it, verified whatever
@@ -97,3 +117,4 @@ class WeightPublisher:
         if stale:
             raise WeightSyncError(f"rollout workers {stale} do not serve the learner's weights "
                                   f"(version {self.version})")
+        self.verified = self.version

@@ -18,6 +18,14 @@ actor from Ray's actor table, so every restart is counted once (`rollout/restart
 (`rollout/retries`, `reward/retries`), and ends the run with ActorGone once Ray has given up on
 an actor, or ChunkFailed once a chunk was sent again too often. The learner is never restarted:
 `LearnerWatch` turns its death into LearnerLost.
+
+A hung actor is a dead one. A rollout worker whose call (generate, a weight load) is not done
+after trainer.call_timeout_s (a stuck engine, a frozen process) is killed (`kill_hung`:
+`ray.kill` with restarts allowed, so Ray starts it again as after a kill -9), counted in
+`rollout/hangs` as well as in its restarts, and its calls are sent again like a dead actor's.
+A late reward call may only be waiting for a hung engine's output (a reward actor runs its
+calls in order), so `kill_unresponsive` asks the rollout workers first, then the reward
+actors (`reward/hangs`). Only the learner's hang ends the run (CallTimeout).
 """
 
 from __future__ import annotations
@@ -25,14 +33,17 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import ray
+
 from grpo_dist.controller.actors import LearnerWatch, actor_state
 from grpo_dist.controller.errors import ActorGone, ChunkFailed
 from grpo_dist.controller.publish import WeightPublisher
-from grpo_dist.waits import ActorLost
+from grpo_dist.waits import ActorLost, late_refs
 
 NAMES = {"rollout": "rollout worker", "reward": "reward actor"}
 # Run totals (kept in checkpoints); each step logs what it added.
-RESTART_COUNTERS = ("rollout/restarts", "rollout/retries", "reward/restarts", "reward/retries")
+RESTART_COUNTERS = ("rollout/restarts", "rollout/retries", "rollout/hangs",
+                    "reward/restarts", "reward/retries", "reward/hangs")
 
 
 class Supervisor:
@@ -58,16 +69,58 @@ class Supervisor:
         return self.weights.version
 
     def catch_up(self) -> None:
-        """Rollout workers Ray restarted since the last look (between calls, say) get the current weights."""
+        """Rollout workers Ray restarted since the last look (between calls, say) get the current
+        weights, once they are back (a call sent while an actor restarts fails at once)."""
         for role, index in self.seen:
             if self.check(role, index) and role == "rollout":
+                self.wait_alive(role, index)
                 self.weights.repair(index)
 
     def verify_through(self, version: int) -> None:
         """The served checksums of every push up to `version` (WeightPublisher); a worker that died
-        before it took one is revived."""
-        for index in self.weights.verify_through(version):
+        before it took one is revived, one whose load hung is killed first."""
+        lost, hung = self.weights.verify_through(version)
+        for index, why in hung.items():
+            self.kill_hung("rollout", index, why)
+        for index in dict.fromkeys([*lost, *hung]):
             self.revive("rollout", index)
+
+    def kill_hung(self, role: str, index: int, why: str) -> None:
+        """The actor's call `why` ran past its time: kill its process so that Ray starts it again,
+        count it in `<role>/hangs`, and wait until Ray has begun the restart (so that `revive`
+        waits for the new process, not the old one). ActorGone when Ray will not restart it."""
+        self.learner.check_alive()
+        handle = self.actors[role][index]
+        _, before = actor_state(handle)
+        ray.kill(handle, no_restart=False)
+        self.counters[f"{role}/hangs"] += 1
+        deadline = time.monotonic() + self.start_timeout_s
+        while True:
+            state, restarts = actor_state(handle)
+            if restarts > before or state == "DEAD":
+                return  # (revive waits for ALIVE and counts the restart, or raises ActorGone)
+            if time.monotonic() > deadline:
+                raise ActorGone(f"{NAMES[role]} {index} hung ({why}) and was not restarted within "
+                                f"{self.start_timeout_s:.0f} s (cluster.actor_start_timeout_s)")
+            time.sleep(0.1)
+
+    def kill_unresponsive(self, why: str, grace_s: float) -> bool:
+        """After a wait ran past its time without saying whose call hung (a reward call may wait on
+        a hung engine's output, an evaluation's calls are chained): every actor that does not answer
+        a no-op call within `grace_s` (it runs after the calls queued before it) is hung, and is
+        killed and revived. Rollout workers first: only when they all answer are the reward
+        actors' calls free of hung inputs and asked. Returns whether any actor was killed."""
+        for role in ("rollout", "reward"):
+            probes = [handle.__ray_ready__.remote() for handle in self.actors.get(role, [])]
+            late = set(late_refs(probes, grace_s))
+            hung = [index for index, probe in enumerate(probes) if probe in late]
+            for index in hung:
+                self.kill_hung(role, index, why)
+            for index in hung:
+                self.revive(role, index)
+            if hung:
+                return True
+        return False
 
     def count_retry(self, role: str, attempts: int, stage: str, why: str) -> None:
         """A chunk is sent again for the `attempts`-th time: counted in `<role>/retries`;

@@ -26,8 +26,6 @@ import datetime
 import torch
 import torch.distributed as dist
 
-TIMEOUT = datetime.timedelta(minutes=30)  # a collective whose peer died fails after this
-
 
 class DataParallel:
     """This learner's rank among `world_size`; `DataParallel()` is the single-rank no-op.
@@ -39,12 +37,14 @@ class DataParallel:
         self.rank, self.world_size, self.device = rank, world_size, device
 
     @classmethod
-    def join(cls, host: str, port: int, rank: int, world_size: int, device: str) -> DataParallel:
+    def join(cls, host: str, port: int, rank: int, world_size: int, device: str, timeout_s: float) -> DataParallel:
         """Join the ranks' process group (rank 0 serves the rendezvous at host:port; NCCL on a GPU,
-        gloo on the CPU); blocks until all have."""
+        gloo on the CPU); blocks until all have. A collective whose peer died or hung fails after
+        `timeout_s` (learner.collective_timeout_s) rather than torch's default 30 minutes; the
+        controller has usually noticed a death long before, from Ray."""
         backend = "nccl" if device == "cuda" else "gloo"
         dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=rank, world_size=world_size,
-                                timeout=TIMEOUT)
+                                timeout=datetime.timedelta(seconds=timeout_s))
         return cls(rank, world_size, device)
 
     def shard(self, rows: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:

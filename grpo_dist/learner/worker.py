@@ -227,7 +227,7 @@ class Learner:
     def join_ranks(self, host: str, port: int, rank: int, world_size: int) -> None:
         """Become rank `rank` of `world_size` (rank 0 serves the rendezvous at host:port; NCCL on a
         GPU, gloo on the CPU); rank 0's weights are broadcast to every rank."""
-        self.ranks = DataParallel.join(host, port, rank, world_size, self.device)
+        self.ranks = DataParallel.join(host, port, rank, world_size, self.device, self.learner.collective_timeout_s)
         self.ranks.broadcast(self.weights.params)
         self.weights.publish()
 

@@ -40,10 +40,10 @@ class WeightSync(Protocol):
         """`submit`, then wait (at most trainer.weight_sync_timeout_s): one served checksum per worker."""
         ...
 
-    def repair(self, workers: list[int], version: int) -> list[Any]:
-        """Send the learner's current weights as `version` to these workers alone (restarted
-        ones), without waiting: one reference per worker to the checksum it will serve, always
-        computed. Raises WeightSyncError where the transport cannot take a worker back."""
+    def repair(self, workers: list[int], version: int) -> dict[int, Any]:
+        """Send the learner's current weights as `version` to these workers (restarted ones),
+        without waiting for them to arrive: worker -> a reference to the checksum it will serve,
+        always computed, for every worker that is sent them (a broadcast sends to all)."""
         ...
 
     def close(self) -> None:

@@ -114,7 +114,8 @@ class NcclSync:
     `setup` forms the group: the learner (rank 0) serves the rendezvous at an address on its
     own node, rollout worker i's engine workers join as ranks 1 + i*tp .. (i+1)*tp, world size
     1 + workers*tp. `push` sends one version, bucket by bucket; every wait is bounded by
-    `timeout_s` and a timeout raises WeightSyncError. backend="gloo" runs the same on the CPU.
+    `timeout_s` and a timeout raises WeightSyncError. `repair` forms the group again around
+    restarted workers. backend="gloo" runs the same on the CPU.
     """
 
     def __init__(self, learner: Any, rollouts: list[Any], *, tensor_parallel_size: int = 1,
@@ -127,6 +128,7 @@ class NcclSync:
         self.plan: list[Bucket] | None = None
         self.sent: ray.ObjectRef | None = None  # the learner's side of the latest broadcast
         self.joining = False
+        self.regroups = 0  # times the group was formed again for restarted workers
 
     def setup(self) -> None:
         host, port = ray.get(self.learner.weight_group_address.remote(), timeout=self.timeout_s)
@@ -138,33 +140,43 @@ class NcclSync:
         self._wait(joined, f"forming the weight group of {self.world_size} ranks at {host}:{port}")
         [self.plan] = self._wait([self.learner.weight_plan.remote(self.bucket_bytes)], "learner: weight_plan")
 
-    def submit(self, version: int) -> list[ray.ObjectRef]:
+    def submit(self, version: int, verify: bool | None = None) -> list[ray.ObjectRef]:
         """Queue the broadcast on the learner and every worker. It is a collective: it runs once
-        each of them has finished what was queued before it (the learner waits for the slowest)."""
+        each of them has finished what was queued before it (the learner waits for the slowest).
+        `verify`: whether the workers compute the checksum they serve (default: self.verify)."""
         if self.plan is None:
             raise RuntimeError("NcclSync.submit before setup")
+        verify = self.verify if verify is None else verify
         self.sent = self.learner.send_weights.remote(self.plan)
-        return [w.receive_weights.remote(self.plan, version, self.timeout_s, self.verify) for w in self.rollouts]
+        return [w.receive_weights.remote(self.plan, version, self.timeout_s, verify) for w in self.rollouts]
 
     def push(self, version: int) -> list[str | None]:
         received = self.submit(version)
         return self._wait([self.sent, *received], f"broadcasting version {version}")[1:]
 
-    def repair(self, workers: list[int], version: int) -> list[ray.ObjectRef]:
-        """A restarted engine is not in the weight group, and a broadcast waits for every rank:
-        the group would have to be formed again while the learner may be blocked in one."""
-        raise WeightSyncError(
-            f"rollout workers {workers} were restarted, and the NCCL weight sync cannot take a worker back into its "
-            "group: resume the run from its last checkpoint (or use trainer.weight_sync=object_store)"
-        )
+    def repair(self, workers: list[int], version: int) -> dict[int, ray.ObjectRef]:
+        """Take restarted workers back: a restarted engine is a new process outside the group, and
+        a broadcast waits for every rank, so the group is formed again between two versions. The
+        latest broadcast ends first on the learner (done, or failed for want of the dead rank;
+        at most `timeout_s`), every member leaves (a survivor stuck in a receive from the dead
+        rank leaves once its receive gives up, after at most `timeout_s`), all join a fresh
+        rendezvous, and version `version` goes to every engine: a collective needs all ranks, and
+        a survivor may have missed the last broadcast. Returns every worker's served checksum."""
+        if self.sent is not None:
+            ray.wait([self.sent], timeout=self.timeout_s)  # (its failure is the dead rank's: nothing to raise)
+        self.close(wait_s=self.timeout_s)
+        self.setup()
+        self.regroups += 1
+        return dict(enumerate(self.submit(version, verify=True)))
 
-    def close(self) -> None:
+    def close(self, wait_s: float = 10.0) -> None:
+        """Every member leaves the group; waits at most `wait_s` (at most timeout_s) for them."""
         if not self.joining:
             return
         self.plan, self.joining = None, False
         every = [self.learner, *self.rollouts]
         ray.wait([actor.leave_weight_group.remote() for actor in every], num_returns=len(every),
-                 timeout=min(self.timeout_s, 10))
+                 timeout=min(self.timeout_s, wait_s))
 
     def _wait(self, futures: list, what: str) -> list:
         try:

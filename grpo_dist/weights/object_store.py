@@ -31,9 +31,9 @@ class ObjectStoreSync:
         except CallTimeout as late:
             raise WeightSyncError(str(late)) from None
 
-    def repair(self, workers: list[int], version: int) -> list[ray.ObjectRef]:
+    def repair(self, workers: list[int], version: int) -> dict[int, ray.ObjectRef]:
         weights = self.learner.export_weights.remote()
-        return [self.rollouts[index].load_weights.remote(weights, version, True) for index in workers]
+        return {index: self.rollouts[index].load_weights.remote(weights, version, True) for index in workers}
 
     def close(self) -> None:
         pass
