@@ -141,7 +141,7 @@ def test_a_restarted_worker_rejoins_the_weight_group_formed_again(trainer):
     os.kill(pid, signal.SIGKILL)
     step = trainer.version + 1
     metrics = [trainer.step(step), trainer.step(step + 1)]
-    assert metrics[0]["rollout/restarts"] == 1 and metrics[1]["rollout/restarts"] == 0
+    assert sum(m["rollout/restarts"] for m in metrics) == 1  # (the step whose batch it lost counts it)
     assert trainer.sync.regroups >= 1 and ray.get(worker.__ray_call__.remote(lambda _: os.getpid())) != pid
     assert all(m["weights/verified_version"] >= s - 1 for m, s in zip(metrics, (step, step + 1)))
     trainer.verify_weights()  # every engine, the restarted one too, serves the learner's weights
