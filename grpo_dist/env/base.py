@@ -32,7 +32,7 @@ class Step:
     `done`: the episode is over; `info`: recorded with the episode and given to rewards.
     """
 
-    observation: Observation = ()  # type: ignore[assignment]
+    observation: Observation = ""
     reward: float | None = None
     done: bool = False
     info: dict[str, Any] = field(default_factory=dict)

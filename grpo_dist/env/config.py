@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from grpo_dist.env.registry import check_env_options, load_environment
 from grpo_dist.run_config import Section
@@ -37,3 +37,14 @@ class EnvConfig(Section):
     def _options_fit_the_environment(self) -> EnvConfig:
         check_env_options(self.name, self.kwargs)
         return self
+
+
+def refuse_until_wired(env: EnvConfig) -> EnvConfig:
+    """Training runs do not run episodes yet (the runner is not in the rollout worker): refuse
+    rather than silently train single-turn."""
+    raise ValueError(f"multi-turn training is not yet wired: env.name={env.name!r} is valid, but the rollout "
+                     "worker does not run episodes yet (docs/multiturn.md says what is in place); set env: null")
+
+
+# The type of Config.env: a valid section that training refuses until the pipeline runs episodes.
+TrainingEnv = Annotated[EnvConfig, AfterValidator(refuse_until_wired)]
