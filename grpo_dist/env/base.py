@@ -10,8 +10,10 @@ reward for this step, whether the episode is over, and free-form info. Either me
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import math
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Union
 
@@ -52,13 +54,30 @@ class Environment:
 
 
 async def call(method: Any, *args: Any) -> Any:
-    """`method(*args)`, awaited when it is a coroutine function (a sync one runs in a thread,
-    so that a slow step does not hold up the other episodes' steps)."""
+    """`method(*args)`, awaited when it is a coroutine function. A sync one runs in a daemon
+    thread of its own, so that a slow step does not hold up the other episodes' steps, and one
+    that hangs past its deadline is abandoned without keeping the process from exiting."""
     if inspect.iscoroutinefunction(method):
         return await method(*args)
-    import asyncio
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
 
-    return await asyncio.to_thread(method, *args)
+    def settle(result: Any, error: BaseException | None) -> None:
+        if not future.done():  # a caller that timed out has cancelled it
+            future.set_exception(error) if error is not None else future.set_result(result)
+
+    def run() -> None:
+        try:
+            result, error = method(*args), None
+        except BaseException as exc:  # noqa: BLE001 - any failure of the environment is the episode's
+            result, error = None, exc
+        try:
+            loop.call_soon_threadsafe(settle, result, error)
+        except RuntimeError:  # the loop has closed: nobody waits for this answer any more
+            pass
+
+    threading.Thread(target=run, daemon=True, name="env-call").start()
+    return await future
 
 
 def check_messages(value: Any, what: str) -> list[Message]:

@@ -1,0 +1,112 @@
+"""env/runner.py on a real transformers engine and a tiny ChatML model: episodes are the
+template's own ids, the sampler's logprobs are the model's on exactly those ids (the engine saw
+the trajectory), turn batching changes no episode, and bad environments cost only their episode."""
+
+import time
+
+import pytest
+import torch
+
+from grpo_dist.env.config import EnvConfig
+from grpo_dist.env.runner import EpisodeRunner, episode_metrics
+from grpo_dist.learner.logprobs import token_logprobs
+from grpo_dist.rollout.hf_engine import HFEngine
+from grpo_dist.seeding import prompt_seed
+from grpo_dist.tasks.tiny import IM_END, save_tiny_model
+from grpo_dist.types import SamplingSettings
+
+ROWS = [{"prompt": "What is 2+2?", "answer": "4"}, {"prompt": "Say 7.", "answer": "7"}]
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory) -> HFEngine:
+    """A tiny ChatML model that stops at <|im_end|> (and <eos>). Llama: a saved qwen2 checkpoint
+    reloads its tokenizer as Qwen2Tokenizer, which drops spaces and newlines (transformers 5.19)."""
+    folder = tmp_path_factory.mktemp("chat_model")
+    save_tiny_model(folder, "llama", chat=True, max_positions=512, generation_config={"eos_token_id": [IM_END]})
+    return HFEngine(str(folder))
+
+
+def encode(tokenizer, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def play(engine, rows=ROWS, n=2, seeds=None, max_new_tokens=6, **env) -> list:
+    config = EnvConfig(**{"name": "env_helpers:Countdown", "kwargs": {"turns": 3}, **env})
+    sampling = SamplingSettings(n=n, temperature=1.0, max_new_tokens=max_new_tokens)
+    seeds = seeds or [prompt_seed(0, 0, i) for i in range(len(rows))]
+    return EpisodeRunner(engine, engine.tokenizer, config).run(rows, sampling, seeds)
+
+
+def test_episodes_are_the_templates_ids_and_the_engine_saw_exactly_them(engine):
+    tokenizer = engine.tokenizer
+    groups = play(engine)
+    assert [len(group) for group in groups] == [2, 2]
+    for row, group in zip(ROWS, groups):
+        for episode in group:
+            assert (episode.stop_reason, episode.turns, episode.error) == ("done", 3, None)
+            (sample,) = episode.samples()
+            messages = episode.trajectory.messages
+            assert [m["role"] for m in messages] == ["user", "assistant", "user", "assistant", "user", "assistant"]
+            assert messages[0]["content"] == row["prompt"] and messages[2]["content"] == "2 left"
+            whole = encode(tokenizer, tokenizer.apply_chat_template(messages, tokenize=False))
+            assert sample.ids == whole[: len(sample.ids)]
+            assert whole[len(sample.ids):] in (encode(tokenizer, "\n"), encode(tokenizer, IM_END + "\n"))
+            # the mask, from the template: reply k starts where the conversation before it ends and
+            # holds its content, plus <|im_end|> when the model ended the turn with it: when it stopped
+            # before max_new_tokens=6 and not on <eos> (the other stop token, kept in the content)
+            expected = [0] * len(sample.ids)
+            for k in range(3):
+                start = len(encode(tokenizer, tokenizer.apply_chat_template(
+                    messages[: 2 * k + 1], tokenize=False, add_generation_prompt=True)))
+                content = encode(tokenizer, messages[2 * k + 1]["content"])
+                ended_with_im_end = len(content) < 6 and content[-1:] != [tokenizer.eos_token_id]
+                end = start + len(content) + ended_with_im_end
+                expected[start:end] = [1] * (end - start)
+            assert sample.loss_mask == expected
+            # the sampler's logprobs are the model's at exactly these ids: what the engine conditioned on
+            ids = torch.tensor([sample.ids])
+            model, _ = token_logprobs(engine.model, ids, torch.ones_like(ids), temperature=1.0)
+            mask = torch.tensor(sample.loss_mask[1:]).bool()
+            torch.testing.assert_close(torch.tensor(sample.logprobs[1:])[mask], model[0][mask], atol=1e-4, rtol=0)
+            assert all(lp == 0.0 for lp, m in zip(sample.logprobs, sample.loss_mask) if not m)
+
+
+def test_turn_batching_changes_no_episode(engine):
+    seeds = [prompt_seed(3, 0, i) for i in range(len(ROWS))]
+    batched = play(engine, n=2, seeds=seeds)
+    alone = [play(engine, rows=[row], n=2, seeds=[seed]) for row, seed in zip(ROWS, seeds)]
+    assert batched[0][0].replies != batched[0][1].replies  # each episode has a stream of its own
+    for i, group in enumerate(batched):
+        for j, episode in enumerate(group):
+            assert episode.samples()[0].ids == alone[i][0][j].samples()[0].ids
+            assert episode.replies == alone[i][0][j].replies
+
+
+def test_a_bad_environment_costs_its_episode_never_the_run(engine):
+    rows = [{**ROWS[0], "bad": bad} for bad in ("none", "raise", "malformed", "hang")]
+    started = time.perf_counter()
+    groups = play(engine, rows=rows, n=1, step_timeout_s=1.0, name="env_helpers:BadEnv")
+    assert time.perf_counter() - started < 30  # the hanging step was abandoned after 1 s
+    good, raised, malformed, hung = (group[0] for group in groups)
+    assert good.error is None and good.stop_reason == "done"
+    assert "RuntimeError: the environment broke" in raised.error
+    assert "must return a Step" in malformed.error
+    assert "env.step_timeout_s=1.0" in hung.error
+    for episode in (raised, malformed, hung):
+        assert episode.stop_reason == "env_error"
+        assert all(sum(sample.loss_mask) == 0 for sample in episode.samples())  # nothing trained
+    metrics = episode_metrics([g[0] for g in groups])
+    assert metrics["env/failed"] == 3 and metrics["env/stop_reasons/env_error"] == 3
+    assert metrics["env/stop_reasons/done"] == 1 and metrics["env/turns_max"] == 3
+
+
+def test_environment_calls_run_concurrently(engine):
+    rows = [dict(ROWS[0]) for _ in range(8)]
+    started = time.perf_counter()
+    groups = play(engine, rows=rows, n=1, name="env_helpers:AsyncCountdown",
+                  kwargs={"turns": 2, "delay_s": 0.5}, max_new_tokens=2)
+    wall = time.perf_counter() - started
+    steps = sum(g[0].step_s for g in groups)  # 8 episodes x (reset + 2 steps) x 0.5 s = 12 s one at a time
+    assert steps >= 11.5 and wall < 6, (steps, wall)
+    assert all(g[0].stop_reason == "done" for g in groups)
