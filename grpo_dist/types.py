@@ -50,12 +50,16 @@ class Completion:
     (greedy: log softmax(logits)). `finish_reason` is "stop" (a stop token or stop string
     ended it; that token is the last of `token_ids`) or "length" (truncated). `text` is
     `token_ids` decoded without special tokens.
+
+    `loss_mask` (None: every token) is 1 on the model's own tokens: a multi-turn episode
+    (env/) puts the environment's tokens among them with mask 0 and logprob 0.
     """
 
     token_ids: list[int]
     logprobs: list[float]
     text: str
     finish_reason: str
+    loss_mask: list[int] | None = None
 
 
 @dataclass

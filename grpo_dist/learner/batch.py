@@ -32,15 +32,19 @@ class TrainBatch:
         """One row per completion, group by group; `advantages` (one per row) default to 0.
 
         With `mask_truncated` (DAPO's overlong filtering) a completion cut off at the length
-        limit (finish_reason "length") gets mask 0 on every token: no loss, no gradient.
+        limit (finish_reason "length") gets mask 0 on every token: no loss, no gradient. A
+        completion's `loss_mask` (multi-turn: 0 on the environment's tokens) multiplies its mask.
         """
         sequences, masks, sampler = [], [], []
         for group in groups:
             for completion in group.completions:
                 prompt_len, completion_len = len(group.prompt_ids), len(completion.token_ids)
                 in_loss = int(not (mask_truncated and completion.finish_reason == "length"))
+                loss_mask = [1] * completion_len if completion.loss_mask is None else completion.loss_mask
+                if len(loss_mask) != completion_len:
+                    raise ValueError(f"a loss mask of {len(loss_mask)} for {completion_len} completion tokens")
                 sequences.append(group.prompt_ids + completion.token_ids)
-                masks.append([0] * (prompt_len - 1) + [in_loss] * completion_len)
+                masks.append([0] * (prompt_len - 1) + [in_loss * m for m in loss_mask])
                 sampler.append([0.0] * (prompt_len - 1) + completion.logprobs)
         width = max(len(seq) for seq in sequences)
 
