@@ -8,8 +8,10 @@ from typing import Any
 
 from grpo_dist.env.base import Environment
 
-# Built-in environments, short name -> `module:Class` (none yet: see docs/multiturn.md).
-BUILTIN_ENVS: dict[str, str] = {}
+# Built-in environments, short name -> `module:Class`.
+BUILTIN_ENVS: dict[str, str] = {
+    "code_feedback": "grpo_dist.env.code_feedback:CodeFeedback",
+}
 
 
 def load_environment(name: str) -> type[Environment]:
