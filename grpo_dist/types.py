@@ -52,7 +52,8 @@ class Completion:
     `token_ids` decoded without special tokens.
 
     `loss_mask` (None: every token) is 1 on the model's own tokens: a multi-turn episode
-    (env/) puts the environment's tokens among them with mask 0 and logprob 0.
+    (env/) puts the environment's tokens among them with mask 0 and logprob 0, and `episode`
+    holds what rewards and samples.jsonl see of it (env/groups.py); `text` is its last reply.
     """
 
     token_ids: list[int]
@@ -60,6 +61,7 @@ class Completion:
     text: str
     finish_reason: str
     loss_mask: list[int] | None = None
+    episode: dict[str, Any] | None = None
 
 
 @dataclass

@@ -39,12 +39,21 @@ def test_the_env_section_validates_every_field():
             EnvConfig(name="env_helpers:Countdown", **{field: value})
 
 
-def test_a_config_with_an_env_names_the_field_and_training_refuses_it_until_wired():
+ENV = ["env.name=env_helpers:Countdown", "reward.functions=[{name: env_reward}]", "reward.accuracy_from=env_reward",
+       "rollout.engine=transformers"]
+
+
+def test_a_config_with_an_env_names_the_field_and_refuses_what_training_cannot_do_yet():
     assert load_config(None).env is None
+    assert load_config(None, ENV).env.name == "env_helpers:Countdown"
     with pytest.raises(ConfigError, match=r"env.name = 'env_helpers:NotAnEnvironment'.*not a subclass"):
-        load_config(None, ["env.name=env_helpers:NotAnEnvironment"])
-    with pytest.raises(ConfigError, match="env: multi-turn training is not yet wired"):
-        load_config(None, ["env.name=env_helpers:Countdown"])
+        load_config(None, [*ENV, "env.name=env_helpers:NotAnEnvironment"])
+    for overrides, message in [(ENV[:1], "has no env_reward: the environment's step rewards would be ignored"),
+                               ([*ENV, "env.history=per_turn"], "env.history=per_turn is not wired into training"),
+                               ([*ENV, "algo.aggregation=constant"], "algo.aggregation=constant divides by"),
+                               ([*ENV, "rollout.engine=auto", "rollout.num_gpus=1"], "set rollout.engine=transformers")]:
+        with pytest.raises(ConfigError, match=message):
+            load_config(None, overrides)
     result = subprocess.run([sys.executable, "-m", "grpo_dist.launch", "env.name=no_such_module:Env"],
                             capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert result.returncode == 2 and "env.name" in result.stderr and "cannot import" in result.stderr

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from grpo_dist.env.config import EnvConfig
-from grpo_dist.env.runner import EpisodeRunner, episode_metrics
+from grpo_dist.env.runner import EpisodeRunner, env_metrics, episode_sums
 from grpo_dist.learner.logprobs import token_logprobs
 from grpo_dist.rollout.hf_engine import HFEngine
 from grpo_dist.seeding import prompt_seed
@@ -96,9 +96,10 @@ def test_a_bad_environment_costs_its_episode_never_the_run(engine):
     for episode in (raised, malformed, hung):
         assert episode.stop_reason == "env_error"
         assert all(sum(sample.loss_mask) == 0 for sample in episode.samples())  # nothing trained
-    metrics = episode_metrics([g[0] for g in groups])
+    metrics = env_metrics([episode_sums([g[0] for g in groups[:2]]), episode_sums([g[0] for g in groups[2:]])])
     assert metrics["env/failed"] == 3 and metrics["env/stop_reasons/env_error"] == 3
     assert metrics["env/stop_reasons/done"] == 1 and metrics["env/turns_max"] == 3
+    assert metrics["env/turns_mean"] == (3 + 1 + 1 + 1) / 4  # the failed ones replied once
 
 
 def test_environment_calls_run_concurrently(engine):

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import AfterValidator, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from grpo_dist.env.registry import check_env_options, load_environment
 from grpo_dist.run_config import Section
@@ -39,12 +39,21 @@ class EnvConfig(Section):
         return self
 
 
-def refuse_until_wired(env: EnvConfig) -> EnvConfig:
-    """Training runs do not run episodes yet (the runner is not in the rollout worker): refuse
-    rather than silently train single-turn."""
-    raise ValueError(f"multi-turn training is not yet wired: env.name={env.name!r} is valid, but the rollout "
-                     "worker does not run episodes yet (docs/multiturn.md says what is in place); set env: null")
-
-
-# The type of Config.env: a valid section that training refuses until the pipeline runs episodes.
-TrainingEnv = Annotated[EnvConfig, AfterValidator(refuse_until_wired)]
+def check_training_env(env: EnvConfig | None, reward_names: list[str], aggregation: str, engine: str,
+                       num_gpus: float) -> None:
+    """What a training run with `env` cannot do yet, refused before anything starts (each message
+    names the fields); env=None passes."""
+    if env is None:
+        return
+    if env.history == "per_turn":
+        raise ValueError("env.history=per_turn is not wired into training yet (the runner builds one sample per "
+                         "turn, the learner's batch takes one per episode): use env.history=append")
+    if "env_reward" not in reward_names:
+        raise ValueError(f"env is set but reward.functions {reward_names} has no env_reward: the environment's step "
+                         "rewards would be ignored; add {name: env_reward} (weight 0 to log them only)")
+    if aggregation == "constant":
+        raise ValueError("algo.aggregation=constant divides by rollout.max_new_tokens, one turn's limit, not an "
+                         "episode's: use token_mean or sequence_mean with env")
+    if engine == "vllm" or (engine == "auto" and num_gpus > 0):
+        raise ValueError("env runs episodes on the transformers engine only so far (the vLLM engine is untested "
+                         "with episodes): set rollout.engine=transformers")

@@ -150,17 +150,31 @@ def _describe(exc: Exception) -> str:
     return str(exc) if isinstance(exc, EnvError) else f"{type(exc).__name__}: {exc}"
 
 
-def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
-    """env/turns_mean|max, env/stop_reasons/<reason> (counts), env/observation_truncated,
-    env/failed and env/step_s (seconds in environment calls, summed over episodes)."""
-    turns = [episode.turns for episode in episodes] or [0]
+def episode_sums(episodes: list[Episode]) -> dict[str, float]:
+    """Counts and sums of some episodes, which add up across chunks (`env_metrics` of them)."""
     truncated = sum(e.trajectory.observations_truncated for e in episodes if e.trajectory is not None)
     return {
-        "env/turns_mean": sum(turns) / len(turns),
-        "env/turns_max": float(max(turns)),
+        "env/episodes": float(len(episodes)),
+        "env/turns_sum": float(sum(e.turns for e in episodes)),
+        "env/turns_max": float(max((e.turns for e in episodes), default=0)),
         **{f"env/stop_reasons/{reason}": float(count)
            for reason, count in sorted(Counter(e.stop_reason for e in episodes).items())},
         "env/observation_truncated": float(truncated),
         "env/failed": float(sum(e.error is not None for e in episodes)),
         "env/step_s": sum(e.step_s for e in episodes),
     }
+
+
+def env_metrics(sums: list[dict[str, float]]) -> dict[str, float]:
+    """A step's env/ metrics from its chunks' `episode_sums`: env/turns_mean|max, env/stop_reasons/<reason>
+    (episodes), env/observation_truncated, env/failed and env/step_s (seconds in environment calls,
+    summed over episodes); {} without episodes."""
+    total: dict[str, float] = {}
+    for part in sums:
+        for key, value in part.items():
+            if key.startswith("env/"):
+                total[key] = max(total.get(key, 0.0), value) if key == "env/turns_max" else total.get(key, 0.0) + value
+    if not total:
+        return {}
+    total["env/turns_mean"] = total.pop("env/turns_sum") / max(total.pop("env/episodes"), 1.0)
+    return total
