@@ -7,13 +7,18 @@ import time
 import pytest
 import torch
 
+from grpo_dist.config import RewardConfig
 from grpo_dist.env.config import EnvConfig
+from grpo_dist.env.groups import episode_groups
 from grpo_dist.env.runner import EpisodeRunner, env_metrics, episode_sums
+from grpo_dist.learner.batch import TrainBatch
 from grpo_dist.learner.logprobs import token_logprobs
+from grpo_dist.reward.rules import length_penalty
+from grpo_dist.reward.worker import RewardWorker
 from grpo_dist.rollout.hf_engine import HFEngine
 from grpo_dist.seeding import prompt_seed
 from grpo_dist.tasks.tiny import IM_END, save_tiny_model
-from grpo_dist.types import SamplingSettings
+from grpo_dist.types import Prompt, SamplingSettings
 
 ROWS = [{"prompt": "What is 2+2?", "answer": "4"}, {"prompt": "Say 7.", "answer": "7"}]
 
@@ -111,3 +116,42 @@ def test_environment_calls_run_concurrently(engine):
     steps = sum(g[0].step_s for g in groups)  # 8 episodes x (reset + 2 steps) x 0.5 s = 12 s one at a time
     assert steps >= 11.5 and wall < 6, (steps, wall)
     assert all(g[0].stop_reason == "done" for g in groups)
+
+
+def test_episodes_become_groups_that_train_and_score_on_the_models_tokens(engine):
+    tokenizer = engine.tokenizer
+    rows = [{**ROWS[0], "bad": "none"}, {**ROWS[1], "bad": "raise"}]
+    played = play(engine, rows=rows, name="env_helpers:BadEnv")
+    prompts = [Prompt(index=7 + i, row=row, text=row["prompt"], ids=encode(tokenizer, tokenizer.apply_chat_template(
+        [{"role": "user", "content": row["prompt"]}], tokenize=False, add_generation_prompt=True)))
+        for i, row in enumerate(rows)]
+    groups = episode_groups(prompts, played, version=3)
+    assert [g.prompt_index for g in groups] == [7, 8] and all(g.policy_version == 3 for g in groups)
+    batch = TrainBatch.from_groups(groups, pad_id=tokenizer.pad_token_id)
+    row = 0
+    for group, prompt, episodes in zip(groups, prompts, played):
+        assert group.prompt_ids == prompt.ids  # the openings are the data's rendering of the row
+        for completion, episode in zip(group.completions, episodes):
+            (sample,) = episode.samples()
+            assert group.prompt_ids + completion.token_ids == sample.ids
+            assert batch.mask[row, : len(sample.ids) - 1].tolist() == sample.loss_mask[1:]
+            assert batch.mask[row].sum() == (sum(sample.loss_mask) if episode.error is None else 0)
+            assert completion.text == episode.replies[-1] and completion.episode["turns"] == episode.turns
+            row += 1
+    worker = RewardWorker(RewardConfig(functions=[{"name": "env_reward"}, {"name": "length_penalty", "weight": 0.5,
+                                                  "kwargs": {"soft_length": 2, "max_length": 100}}],
+                                       accuracy_from="env_reward", failure_score=-1.0))
+    try:
+        scored, failures = worker.score(groups)
+    finally:
+        worker.close()
+    assert failures["reward/env_reward/failures"] == 2  # the raising environment's two episodes
+    for group, episodes in zip(scored, played):
+        for k, episode in enumerate(episodes):
+            env_part = -1.0 if episode.error else episode.env_reward
+            assert group.reward_parts["env_reward"][k] == env_part
+            # the length penalty counts the model's tokens, not the environment's
+            model_tokens = sum(episode.samples()[0].loss_mask)
+            expected = length_penalty("", "", completion_tokens=model_tokens, soft_length=2, max_length=100)
+            assert group.reward_parts["length_penalty"][k] == pytest.approx(expected)
+            assert group.rewards[k] == pytest.approx(env_part + 0.5 * expected)
