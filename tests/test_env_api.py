@@ -51,6 +51,7 @@ def test_a_config_with_an_env_names_the_field_and_refuses_what_training_cannot_d
     for overrides, message in [(ENV[:1], "has no env_reward: the environment's step rewards would be ignored"),
                                ([*ENV, "env.history=per_turn"], "env.history=per_turn is not wired into training"),
                                ([*ENV, "algo.aggregation=constant"], "algo.aggregation=constant divides by"),
+                               ([*ENV, "algo.overlong_buffer=0.2"], "set algo.overlong_buffer=null with env"),
                                ([*ENV, "rollout.engine=auto", "rollout.num_gpus=1"], "set rollout.engine=transformers")]:
         with pytest.raises(ConfigError, match=message):
             load_config(None, overrides)

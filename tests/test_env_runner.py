@@ -16,7 +16,7 @@ from grpo_dist.learner.logprobs import token_logprobs
 from grpo_dist.reward.rules import length_penalty
 from grpo_dist.reward.worker import RewardWorker
 from grpo_dist.rollout.hf_engine import HFEngine
-from grpo_dist.seeding import prompt_seed
+from grpo_dist.seeding import completion_seed, prompt_seed
 from grpo_dist.tasks.tiny import IM_END, save_tiny_model
 from grpo_dist.types import Prompt, SamplingSettings
 
@@ -82,6 +82,7 @@ def test_turn_batching_changes_no_episode(engine):
     batched = play(engine, n=2, seeds=seeds)
     alone = [play(engine, rows=[row], n=2, seeds=[seed]) for row, seed in zip(ROWS, seeds)]
     assert batched[0][0].replies != batched[0][1].replies  # each episode has a stream of its own
+    assert batched[0][1].env.seed == completion_seed(seeds[0], 1)  # environments get the episode's seed
     for i, group in enumerate(batched):
         for j, episode in enumerate(group):
             assert episode.samples()[0].ids == alone[i][0][j].samples()[0].ids

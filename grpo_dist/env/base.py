@@ -42,7 +42,14 @@ class Step:
 
 class Environment:
     """Subclass and implement `reset` and `step` (either may be async). One instance per
-    episode, built with the configured `env.kwargs` as keyword arguments."""
+    episode, built with the configured `env.kwargs` as keyword arguments.
+
+    `seed` is the episode's seed, set before `reset`: draw any randomness from
+    `random.Random(self.seed)`, so that a chunk generated again (after a worker restart, or
+    on resume) plays the same episodes.
+    """
+
+    seed: int = 0
 
     def reset(self, row: dict[str, Any]) -> Observation:
         """The episode's opening: a list of {role, content} messages, or a prompt string."""

@@ -111,6 +111,7 @@ class EpisodeRunner:
     async def _reset(self, episode: Episode, row: dict[str, Any], limit: asyncio.Semaphore) -> None:
         try:
             episode.env = self.env_class(**self.env.kwargs)
+            episode.env.seed = episode.seed
             opening = check_opening(await self._timed(episode, limit, episode.env.reset, row))
             episode.trajectory = Trajectory(self.renderer, opening, self.env.max_episode_tokens,
                                             self.env.max_observation_tokens, self.env.history)
