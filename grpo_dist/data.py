@@ -258,6 +258,9 @@ def prompt_token_limit(config: Config) -> int | None:
     if context is None:
         return rollout.max_prompt_tokens
     room = context - rollout.max_new_tokens
+    if config.env is not None and config.env.max_episode_tokens > room:
+        raise DataError(f"env.max_episode_tokens={config.env.max_episode_tokens} + rollout.max_new_tokens="
+                        f"{rollout.max_new_tokens} exceed the context of {context} tokens")
     if room < 1:
         raise DataError(f"rollout.max_new_tokens={rollout.max_new_tokens} leaves no room for a prompt "
                         f"in the context of {context} tokens")

@@ -10,6 +10,7 @@ import pytest
 
 from env_helpers import AsyncCountdown, Countdown
 from grpo_dist.config import ConfigError, load_config
+from grpo_dist.data import DataError, prompt_token_limit
 from grpo_dist.env import EnvError, Step
 from grpo_dist.env.base import call, check_opening, check_step
 from grpo_dist.env.config import EnvConfig
@@ -39,8 +40,7 @@ def test_the_env_section_validates_every_field():
             EnvConfig(name="env_helpers:Countdown", **{field: value})
 
 
-ENV = ["env.name=env_helpers:Countdown", "reward.functions=[{name: env_reward}]", "reward.accuracy_from=env_reward",
-       "rollout.engine=transformers"]
+ENV = ["env.name=env_helpers:Countdown", "reward.functions=[{name: env_reward}]", "reward.accuracy_from=env_reward"]
 
 
 def test_a_config_with_an_env_names_the_field_and_refuses_what_training_cannot_do_yet():
@@ -51,10 +51,13 @@ def test_a_config_with_an_env_names_the_field_and_refuses_what_training_cannot_d
     for overrides, message in [(ENV[:1], "has no env_reward: the environment's step rewards would be ignored"),
                                ([*ENV, "env.history=per_turn"], "env.history=per_turn is not wired into training"),
                                ([*ENV, "algo.aggregation=constant"], "algo.aggregation=constant divides by"),
-                               ([*ENV, "algo.overlong_buffer=0.2"], "set algo.overlong_buffer=null with env"),
-                               ([*ENV, "rollout.engine=auto", "rollout.num_gpus=1"], "set rollout.engine=transformers")]:
+                               ([*ENV, "algo.overlong_buffer=0.2"], "set algo.overlong_buffer=null with env")]:
         with pytest.raises(ConfigError, match=message):
             load_config(None, overrides)
+    with pytest.raises(DataError, match=r"env.max_episode_tokens=1024 \+ rollout.max_new_tokens=8 exceed the context "
+                                        "of 64 tokens"):  # the default model's, found before Ray starts
+        prompt_token_limit(load_config(None, ENV))
+    assert prompt_token_limit(load_config(None, [*ENV, "env.max_episode_tokens=56"])) == 56
     result = subprocess.run([sys.executable, "-m", "grpo_dist.launch", "env.name=no_such_module:Env"],
                             capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert result.returncode == 2 and "env.name" in result.stderr and "cannot import" in result.stderr

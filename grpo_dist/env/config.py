@@ -39,8 +39,7 @@ class EnvConfig(Section):
         return self
 
 
-def check_training_env(env: EnvConfig | None, reward_names: list[str], aggregation: str, overlong: bool,
-                       engine: str, num_gpus: float) -> None:
+def check_training_env(env: EnvConfig | None, reward_names: list[str], aggregation: str, overlong: bool) -> None:
     """What a training run with `env` cannot do yet, refused before anything starts (each message
     names the fields); env=None passes."""
     if env is None:
@@ -57,6 +56,3 @@ def check_training_env(env: EnvConfig | None, reward_names: list[str], aggregati
     if overlong:
         raise ValueError("algo.overlong_buffer's length penalty is of rollout.max_new_tokens, one turn's limit, not "
                          "an episode's: set algo.overlong_buffer=null with env (max_episode_tokens ends long episodes)")
-    if engine == "vllm" or (engine == "auto" and num_gpus > 0):
-        raise ValueError("env runs episodes on the transformers engine only so far (the vLLM engine is untested "
-                         "with episodes): set rollout.engine=transformers")
