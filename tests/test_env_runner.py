@@ -79,8 +79,8 @@ def test_episodes_are_the_templates_ids_and_the_engine_saw_exactly_them(engine):
 
 def test_turn_batching_changes_no_episode(engine):
     seeds = [prompt_seed(3, 0, i) for i in range(len(ROWS))]
-    batched = play(engine, n=2, seeds=seeds)
-    alone = [play(engine, rows=[row], n=2, seeds=[seed]) for row, seed in zip(ROWS, seeds)]
+    batched = play(engine, n=2, seeds=seeds, kwargs={"turns": 2})
+    alone = [play(engine, rows=[row], n=2, seeds=[seed], kwargs={"turns": 2}) for row, seed in zip(ROWS, seeds)]
     assert batched[0][0].replies != batched[0][1].replies  # each episode has a stream of its own
     assert batched[0][1].env.seed == completion_seed(seeds[0], 1)  # environments get the episode's seed
     for i, group in enumerate(batched):
