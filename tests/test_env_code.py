@@ -4,6 +4,7 @@ each attempt, discounted per extra attempt (the sandbox runs the model's code)."
 from grpo_dist.data import read_jsonl
 from grpo_dist.env.base import check_step
 from grpo_dist.env.code_feedback import CodeFeedback
+from grpo_dist.env.python_tool import PythonTool
 from grpo_dist.env.registry import load_environment
 
 WRONG = "```python\ndef reverse_words(s):\n    return s\n```"
@@ -37,3 +38,20 @@ def test_a_first_attempt_that_passes_scores_its_hidden_pass_rate():
     env.reset(row())
     step = env.step(HALF)  # passes 'hello world' (public) but not the whitespace tests
     assert step.done and step.reward == step.info["hidden_passed"] / 4 < 1
+
+
+def test_python_tool_runs_code_in_the_sandbox_and_scores_the_final_answer():
+    assert load_environment("python_tool") is PythonTool
+    env = PythonTool(timeout_s=2.0)
+    assert env.reset({"prompt": "What is 6 times 7?", "answer": "42"}).startswith("What is 6 times 7?\n")
+    printed = check_step(env.step("Let me compute.\n```python\nprint(6 * 7)\n```"))
+    assert printed.observation == [{"role": "tool", "content": "42"}] and not printed.done
+    raised = check_step(env.step("```python\nraise ValueError('bad input')\n```"))
+    assert raised.observation[0]["content"].endswith("ValueError: bad input")
+    assert "sandbox.py" not in raised.observation[0]["content"] and raised.info == {"calls": 2, "status": "error"}
+    final = check_step(env.step("So the answer is \\boxed{42}."))
+    assert final.done and final.reward == 1.0 and final.info == {"calls": 2}
+    text = PythonTool(tool_role=None)
+    text.reset({"prompt": "p", "answer": "5"})
+    assert text.step("```\nprint(1)\n```").observation == "\nOutput:\n1\n"
+    assert text.step("It is \\boxed{4}").reward == 0.0

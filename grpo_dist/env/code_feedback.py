@@ -15,6 +15,20 @@ from typing import Any
 from grpo_dist.env.base import Environment, Step
 from grpo_dist.reward.unit_tests import extract_code, run_tests
 
+def program_trace(stderr: str) -> str:
+    """The sandbox's stderr without the harness's own traceback frames (each a File line in
+    sandbox.py and the source line under it): what the program and its tests did."""
+    lines, skip = [], False
+    for line in stderr.splitlines():
+        if 'sandbox.py", line' in line:
+            skip = True
+        elif skip:
+            skip = False
+        else:
+            lines.append(line)
+    return "\n".join(lines).strip()
+
+
 INSTRUCTIONS = "\nAnswer with the whole function in one ```python block."
 
 
@@ -45,8 +59,6 @@ class CodeFeedback(Environment):
                 "hidden_total": hidden.total, "status": public.status}
         if public.passed == public.total:
             return Step(reward=reward, done=True, info=info)
-        trace = "\n".join(line for line in public.stderr_tail.splitlines()  # the tests' lines, not the harness's
-                          if "sandbox.py" not in line and "run(code, namespace)" not in line)
         feedback = (f"{public.passed} of {public.total} tests passed ({public.status}).\n"
-                    f"{trace.strip()[-600:]}\nFix the function and answer with it again.")
+                    f"{program_trace(public.stderr_tail)[-600:]}\nFix the function and answer with it again.")
         return Step(observation=feedback, reward=reward, info=info)

@@ -11,6 +11,7 @@ from grpo_dist.env.base import Environment
 # Built-in environments, short name -> `module:Class`.
 BUILTIN_ENVS: dict[str, str] = {
     "code_feedback": "grpo_dist.env.code_feedback:CodeFeedback",
+    "python_tool": "grpo_dist.env.python_tool:PythonTool",
 }
 
 
