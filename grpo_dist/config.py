@@ -344,7 +344,7 @@ class Config(Section):
     @model_validator(mode="after")
     def _env_fits_training(self) -> Config:
         check_training_env(self.env, [f.name for f in self.reward.functions], self.algo.aggregation,
-                           self.algo.overlong_buffer is not None)
+                           self.algo.overlong_buffer is not None, self.algo.minibatch_size)
         return self
 
     @model_validator(mode="after")

@@ -46,10 +46,11 @@ ENV = ["env.name=env_helpers:Countdown", "reward.functions=[{name: env_reward}]"
 def test_a_config_with_an_env_names_the_field_and_refuses_what_training_cannot_do_yet():
     assert load_config(None).env is None
     assert load_config(None, ENV).env.name == "env_helpers:Countdown"
+    assert load_config(None, [*ENV, "env.history=per_turn"]).env.history == "per_turn"
     with pytest.raises(ConfigError, match=r"env.name = 'env_helpers:NotAnEnvironment'.*not a subclass"):
         load_config(None, [*ENV, "env.name=env_helpers:NotAnEnvironment"])
     for overrides, message in [(ENV[:1], "has no env_reward: the environment's step rewards would be ignored"),
-                               ([*ENV, "env.history=per_turn"], "env.history=per_turn is not wired into training"),
+                               ([*ENV, "env.history=per_turn", "algo.minibatch_size=8"], "set algo.minibatch_size=null"),
                                ([*ENV, "algo.aggregation=constant"], "algo.aggregation=constant divides by"),
                                ([*ENV, "algo.overlong_buffer=0.2"], "set algo.overlong_buffer=null with env")]:
         with pytest.raises(ConfigError, match=message):

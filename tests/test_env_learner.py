@@ -29,6 +29,20 @@ def test_the_batch_mask_is_the_loss_mask_shifted_like_the_completion_mask():
         TrainBatch.from_groups([group], pad_id=0)
 
 
+def test_a_per_turn_episode_is_one_row_per_turn_each_with_its_episodes_advantage():
+    turns = [([5, 6, 10, 11], [0, 0, 1, 1], [0.0, 0.0, -1.0, -2.0]),  # context 5 6, reply 10 11
+             ([5, 6, 10, 11, 7, 8, 12], [0, 0, 0, 0, 0, 0, 1], [0.0] * 6 + [-3.0])]  # context re-rendered, reply 12
+    group = Group(prompt_index=0, row={}, prompt="", prompt_ids=[5, 6], policy_version=0, completions=[
+        Completion(token_ids=[10, 11, 12], logprobs=[-1.0, -2.0, -3.0], text="", finish_reason="stop", turns=turns),
+        Completion(token_ids=[20], logprobs=[-0.5], text="", finish_reason="stop"),
+    ])
+    batch = TrainBatch.from_groups([group], pad_id=0, advantages=torch.tensor([1.5, -1.5]))
+    assert batch.input_ids.tolist() == [[5, 6, 10, 11, 0, 0, 0], [5, 6, 10, 11, 7, 8, 12], [5, 6, 20, 0, 0, 0, 0]]
+    assert batch.mask.tolist() == [[0, 1, 1, 0, 0, 0], [0, 0, 0, 0, 0, 1], [0, 1, 0, 0, 0, 0]]
+    assert batch.sampler_logprobs.tolist() == [[0, -1, -2, 0, 0, 0], [0, 0, 0, 0, 0, -3], [0, -0.5, 0, 0, 0, 0]]
+    assert batch.advantages.tolist() == [1.5, 1.5, -1.5]
+
+
 def test_environment_tokens_reach_no_loss_and_no_statistic():
     learner = make_learner("rollout.group_size=2", "algo.aggregation=token_mean")
     encode = learner.tokenizer.encode

@@ -156,3 +156,30 @@ def test_episodes_become_groups_that_train_and_score_on_the_models_tokens(engine
             expected = length_penalty("", "", completion_tokens=model_tokens, soft_length=2, max_length=100)
             assert group.reward_parts["length_penalty"][k] == pytest.approx(expected)
             assert group.rewards[k] == pytest.approx(env_part + 0.5 * expected)
+
+
+def test_per_turn_episodes_train_one_row_per_turn_on_the_templates_fresh_rendering(engine):
+    tokenizer = engine.tokenizer
+    played = play(engine, rows=ROWS[:1], history="per_turn")
+    prompt = Prompt(index=0, row=ROWS[0], text="", ids=encode(tokenizer, tokenizer.apply_chat_template(
+        [{"role": "user", "content": ROWS[0]["prompt"]}], tokenize=False, add_generation_prompt=True)))
+    (group,) = episode_groups([prompt], played, version=0)
+    batch = TrainBatch.from_groups([group], tokenizer.pad_token_id, advantages=torch.tensor([2.0, -2.0]))
+    assert len(batch) == 6 and batch.advantages.tolist() == [2.0] * 3 + [-2.0] * 3  # 2 episodes x 3 turns
+    row = 0
+    for episode, completion in zip(played[0], group.completions):
+        messages = episode.trajectory.messages
+        assert len(completion.turns) == 3 and completion.token_ids == [
+            i for ids, mask, _ in completion.turns for i, m in zip(ids, mask) if m]
+        for k, (ids, mask, logprobs) in enumerate(completion.turns):
+            context = encode(tokenizer, tokenizer.apply_chat_template(messages[: 2 * k + 1], tokenize=False,
+                                                                      add_generation_prompt=True))
+            assert ids[: len(context)] == context and mask == [0] * len(context) + [1] * (len(ids) - len(context))
+            reply = tokenizer.decode(ids[len(context):], skip_special_tokens=True)
+            assert reply == episode.replies[k]
+            assert batch.mask[row, : len(ids) - 1].tolist() == mask[1:]
+            tensor = torch.tensor([ids])
+            model, _ = token_logprobs(engine.model, tensor, torch.ones_like(tensor), temperature=1.0)
+            torch.testing.assert_close(torch.tensor(logprobs[len(context):]), model[0][len(context) - 1:],
+                                       atol=1e-4, rtol=0)
+            row += 1

@@ -24,7 +24,7 @@ class EnvConfig(Section):
     history: Literal["append", "per_turn"] = Field(
         "append", description="append: one sample per episode, the turns appended token for token (a template "
         "that rewrites history ends the episode: history_rewritten); per_turn: one sample per turn, each "
-        "turn's context rendered afresh by the chat template"
+        "turn's context rendered afresh by the chat template, each with the episode's advantage"
     )
 
     @field_validator("name")
@@ -39,14 +39,15 @@ class EnvConfig(Section):
         return self
 
 
-def check_training_env(env: EnvConfig | None, reward_names: list[str], aggregation: str, overlong: bool) -> None:
+def check_training_env(env: EnvConfig | None, reward_names: list[str], aggregation: str, overlong: bool,
+                       minibatch_size: int | None) -> None:
     """What a training run with `env` cannot do yet, refused before anything starts (each message
     names the fields); env=None passes."""
     if env is None:
         return
-    if env.history == "per_turn":
-        raise ValueError("env.history=per_turn is not wired into training yet (the runner builds one sample per "
-                         "turn, the learner's batch takes one per episode): use env.history=append")
+    if env.history == "per_turn" and minibatch_size is not None:
+        raise ValueError("env.history=per_turn trains one row per turn, so algo.minibatch_size (in completions) "
+                         "cannot split the batch: set algo.minibatch_size=null")
     if "env_reward" not in reward_names:
         raise ValueError(f"env is set but reward.functions {reward_names} has no env_reward: the environment's step "
                          "rewards would be ignored; add {name: env_reward} (weight 0 to log them only)")

@@ -12,9 +12,10 @@ from grpo_dist.types import Completion, Group, Prompt
 
 
 def episode_groups(prompts: list[Prompt], played: list[list[Episode]], version: int) -> list[Group]:
-    """One Group per prompt (env.history=append: one sample per episode). The group's prompt ids
-    are what its episodes' openings share (all of the opening when reset is the same for each);
-    an episode whose opening shares not even the first token is failed (tokens not trained)."""
+    """One Group per prompt, one Completion per episode. The group's prompt ids are what its
+    episodes' openings share (all of the opening when reset is the same for each); an episode
+    whose opening shares not even the first token is failed (tokens not trained). A per-turn
+    episode's completion carries its turns, each a whole sequence (Completion.turns)."""
     groups = []
     for prompt, episodes in zip(prompts, played):
         openings = [e.trajectory.prompt_ids for e in episodes if e.trajectory is not None and e.error is None]
@@ -29,15 +30,20 @@ def episode_groups(prompts: list[Prompt], played: list[list[Episode]], version: 
 
 
 def _completion(episode: Episode, shared: int) -> Completion:
-    samples = episode.samples()
-    if len(samples) > 1:
-        raise ValueError("env.history=per_turn episodes are not trained yet (one sample per episode)")
+    samples, record = episode.samples(), _record(episode)
+    text = episode.replies[-1] if episode.replies else ""
+    finish = "length" if episode.stop_reason == MAX_EPISODE_TOKENS else "stop"
+    if episode.trajectory is not None and episode.trajectory.history == "per_turn":
+        # one learner row per turn; token_ids and logprobs are the replies', for counting
+        replies = [(i, lp) for s in samples for i, lp, m in zip(s.ids, s.logprobs, s.loss_mask) if m]
+        return Completion(token_ids=[i for i, _ in replies], logprobs=[lp for _, lp in replies], text=text,
+                          finish_reason=finish, episode=record,
+                          turns=[(s.ids, s.loss_mask, s.logprobs) for s in samples])
     sample = samples[0] if samples else None
     ids, mask, logprobs = (sample.ids[shared:], sample.loss_mask[shared:], sample.logprobs[shared:]) if sample \
         else ([], [], [])
-    return Completion(token_ids=ids, logprobs=logprobs, text=episode.replies[-1] if episode.replies else "",
-                      finish_reason="length" if episode.stop_reason == MAX_EPISODE_TOKENS else "stop",
-                      loss_mask=mask, episode=_record(episode))
+    return Completion(token_ids=ids, logprobs=logprobs, text=text, finish_reason=finish, loss_mask=mask,
+                      episode=record)
 
 
 def _record(episode: Episode) -> dict[str, Any]:
