@@ -4,9 +4,10 @@ passes them to rewards as the field `env_reward`; None when the environment fail
 from __future__ import annotations
 
 
-def env_reward(prompt: str, completion: str, env_reward: float | None = None, **fields: object) -> float:
+async def env_reward(prompt: str, completion: str, env_reward: float | None = None, **fields: object) -> float:
     """The episode's summed step rewards; raises (so the sample scores reward.failure_score and is
-    counted) when the environment failed or there was no episode."""
+    counted) when the environment failed or there was no episode. Async: a field lookup is awaited
+    in the reward actor, with no scoring process to ship the transcript to."""
     if env_reward is None:
         raise ValueError("no environment reward: the episode's environment failed, or env is null")
     return float(env_reward)
