@@ -3,6 +3,7 @@ each attempt, discounted per extra attempt (the sandbox runs the model's code)."
 
 from grpo_dist.data import read_jsonl
 from grpo_dist.env.base import check_step
+from grpo_dist.env.arithmetic_retry import ArithmeticRetry
 from grpo_dist.env.code_feedback import CodeFeedback
 from grpo_dist.env.python_tool import PythonTool
 from grpo_dist.env.registry import load_environment
@@ -55,3 +56,16 @@ def test_python_tool_runs_code_in_the_sandbox_and_scores_the_final_answer():
     text.reset({"prompt": "p", "answer": "5"})
     assert text.step("```\nprint(1)\n```").observation == "\nOutput:\n1\n"
     assert text.step("It is \\boxed{4}").reward == 0.0
+
+
+def test_arithmetic_retry_asks_again_and_discounts_the_second_attempt():
+    assert load_environment("arithmetic_retry") is ArithmeticRetry
+    env = ArithmeticRetry(discount=0.5)
+    assert env.reset({"prompt": "58+67=", "answer": "125"}) == "58+67="
+    wrong = check_step(env.step("<answer>15</answer>"))
+    assert (wrong.observation, wrong.reward, wrong.done) == ("58+67=", 0.0, False)
+    right = check_step(env.step("<answer>125</answer>"))
+    assert (right.reward, right.done, right.info) == (0.5, True, {"attempt": 2, "correct": True})
+    first = ArithmeticRetry()
+    first.reset({"prompt": "1+2=", "answer": "3"})
+    assert first.step("<answer>3</answer>").reward == 1.0

@@ -12,6 +12,7 @@ from grpo_dist.env.base import Environment
 BUILTIN_ENVS: dict[str, str] = {
     "code_feedback": "grpo_dist.env.code_feedback:CodeFeedback",
     "python_tool": "grpo_dist.env.python_tool:PythonTool",
+    "arithmetic_retry": "grpo_dist.env.arithmetic_retry:ArithmeticRetry",
 }
 
 
