@@ -18,6 +18,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from grpo_dist.env.config import EnvConfig, check_training_env
 from grpo_dist.recipes import RecipeError, compose, deep_merge, describe_error
 from grpo_dist.reward.registry import check_reward_options, load_reward
 from grpo_dist.run_config import (ClusterConfig, Section, Strategy, TrainerConfig, VLLMConfig, check_bundle,
@@ -342,6 +343,13 @@ class Config(Section):
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    env: EnvConfig | None = Field(None, description="multi-turn episodes (docs/multiturn.md); null: single-turn")
+
+    @model_validator(mode="after")
+    def _env_fits_training(self) -> Config:
+        check_training_env(self.env, [f.name for f in self.reward.functions], self.algo.aggregation,
+                           self.algo.overlong_buffer is not None, self.algo.minibatch_size)
+        return self
 
     @model_validator(mode="after")
     def _minibatches_hold_whole_groups(self) -> Config:

@@ -54,6 +54,8 @@ def sample_records(groups: list[Group], step: int, scale: grpo.AdvantageScale) -
                 "reward_parts": {name: values[i] for name, values in group.reward_parts.items()},
                 "tokens": len(completion.token_ids),
                 "finish_reason": completion.finish_reason,
+                # a multi-turn episode, turn by turn: transcript, step rewards, infos, stop reason
+                **({"episode": completion.episode} if completion.episode is not None else {}),
             }
             for i, completion in enumerate(group.completions)
         ]

@@ -50,12 +50,22 @@ class Completion:
     (greedy: log softmax(logits)). `finish_reason` is "stop" (a stop token or stop string
     ended it; that token is the last of `token_ids`) or "length" (truncated). `text` is
     `token_ids` decoded without special tokens.
+
+    `loss_mask` (None: every token) is 1 on the model's own tokens: a multi-turn episode
+    (env/) puts the environment's tokens among them with mask 0 and logprob 0, and `episode`
+    holds what rewards and samples.jsonl see of it (env/groups.py); `text` is its last reply.
+    An episode with env.history=per_turn trains on `turns` instead: each turn's whole sequence
+    (context and reply) with its loss mask and logprobs, one learner row each; then `token_ids`
+    are only its replies' tokens, for counting.
     """
 
     token_ids: list[int]
     logprobs: list[float]
     text: str
     finish_reason: str
+    loss_mask: list[int] | None = None
+    episode: dict[str, Any] | None = None
+    turns: list[tuple[list[int], list[int], list[float]]] | None = None
 
 
 @dataclass

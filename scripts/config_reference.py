@@ -25,9 +25,11 @@ def optional_section(annotation: object) -> type[BaseModel] | None:
 
 def rows(model: type[BaseModel], prefix: str) -> list[str]:
     lines = []
-    defaults = model()
     for name, field in model.model_fields.items():
-        value = getattr(defaults, name)
+        if field.is_required():  # a field of an optional section that has no default (env.name)
+            lines.append(f"| `{prefix}{name}` | required | {field.description or ''} |")
+            continue
+        value = field.get_default(call_default_factory=True)
         if isinstance(value, BaseModel):
             lines += rows(type(value), f"{prefix}{name}.")
             continue
@@ -44,7 +46,10 @@ def rows(model: type[BaseModel], prefix: str) -> list[str]:
 def main() -> None:
     for section, field in Config.model_fields.items():
         print(f"\n**{section}**\n\n| field | default | meaning |\n|---|---|---|")
-        print("\n".join(rows(field.annotation, f"{section}.")))
+        optional = optional_section(field.annotation)
+        if optional is not None:  # a section that is off by default (env): its row, then its fields when set
+            print(f"| `{section}` | `None` | {field.description or ''} |")
+        print("\n".join(rows(optional or field.annotation, f"{section}.")))
 
 
 if __name__ == "__main__":

@@ -121,7 +121,7 @@ def test_every_builtin_loads_with_its_kind():
     kinds = {name: reward_kind(load_reward(name)) for name in BUILTIN_REWARDS}
     assert kinds == {
         "exact_answer": "sample", "math_answer": "sample", "answer_format": "sample",
-        "length_penalty": "sample", "unit_tests": "sample", "reward_model": "batched",
+        "length_penalty": "sample", "unit_tests": "sample", "reward_model": "batched", "env_reward": "async",
     }
 
 

@@ -63,7 +63,7 @@ class Actors:
         reward = effective_reward(config)
         actors = cls(
             rollouts=[rollout_cls.options(**options("rollout", index)).remote(config.model, config.rollout,
-                                                                               seed * 1000 + index)
+                                                                               seed * 1000 + index, config.env)
                       for index in range(config.rollout.num_workers)],
             rewards=[reward_cls.options(**options("reward", index)).remote(reward)
                      for index in range(config.reward.num_workers)],

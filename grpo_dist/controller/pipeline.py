@@ -47,6 +47,7 @@ from typing import Any, TypeVar
 import ray
 
 from grpo_dist.controller.recovery import Supervisor
+from grpo_dist.env.runner import env_metrics
 from grpo_dist.reward.chunk_stats import batch_metrics
 from grpo_dist.seeding import prompt_seed
 from grpo_dist.types import Prompt, SamplingSettings
@@ -269,6 +270,7 @@ class RolloutPipeline:
             **self.staleness(batch, versions, learner_version),
             "rollout/dropped_stale": float(dropped),
             **self.timings(batch, infos, stats),
+            **env_metrics(infos),
         }
         busy = sum(info["generate_s"] for info in infos)
         return ScoredBatch([chunk.scored for chunk in batch.chunks], stats, versions, metrics, busy, infos)

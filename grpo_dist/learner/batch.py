@@ -6,7 +6,7 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
-from grpo_dist.types import Group
+from grpo_dist.types import Completion, Group
 
 
 @dataclass
@@ -29,19 +29,22 @@ class TrainBatch:
     @classmethod
     def from_groups(cls, groups: list[Group], pad_id: int, advantages: torch.Tensor | None = None,
                     mask_truncated: bool = False) -> TrainBatch:
-        """One row per completion, group by group; `advantages` (one per row) default to 0.
+        """One row per completion (per turn of a per-turn episode), group by group; `advantages`
+        (one per completion, each of its rows gets it) default to 0.
 
         With `mask_truncated` (DAPO's overlong filtering) a completion cut off at the length
-        limit (finish_reason "length") gets mask 0 on every token: no loss, no gradient.
+        limit (finish_reason "length") gets mask 0 on every token: no loss, no gradient. A
+        completion's `loss_mask` (multi-turn: 0 on the environment's tokens) multiplies its mask.
         """
-        sequences, masks, sampler = [], [], []
-        for group in groups:
-            for completion in group.completions:
-                prompt_len, completion_len = len(group.prompt_ids), len(completion.token_ids)
-                in_loss = int(not (mask_truncated and completion.finish_reason == "length"))
-                sequences.append(group.prompt_ids + completion.token_ids)
-                masks.append([0] * (prompt_len - 1) + [in_loss] * completion_len)
-                sampler.append([0.0] * (prompt_len - 1) + completion.logprobs)
+        sequences, masks, sampler, owners = [], [], [], []  # owners[r]: the completion row r comes from
+        completions = [(group.prompt_ids, completion) for group in groups for completion in group.completions]
+        for index, (prompt_ids, completion) in enumerate(completions):
+            in_loss = int(not (mask_truncated and completion.finish_reason == "length"))
+            for ids, loss_mask, logprobs in _rows(prompt_ids, completion):
+                sequences.append(ids)
+                masks.append([in_loss * m for m in loss_mask[1:]])  # position t scores token t+1
+                sampler.append(logprobs[1:])
+                owners.append(index)
         width = max(len(seq) for seq in sequences)
 
         def pad(rows: list[list], value: float | int, length: int) -> list[list]:
@@ -52,7 +55,7 @@ class TrainBatch:
             attention_mask=torch.tensor(pad([[1] * len(seq) for seq in sequences], 0, width)),
             mask=torch.tensor(pad(masks, 0, width - 1), dtype=torch.float32),
             sampler_logprobs=torch.tensor(pad(sampler, 0.0, width - 1), dtype=torch.float32),
-            advantages=torch.zeros(len(sequences)) if advantages is None else advantages.float(),
+            advantages=torch.zeros(len(sequences)) if advantages is None else advantages.float()[torch.tensor(owners)],
         )
 
     def __len__(self) -> int:
@@ -102,3 +105,16 @@ class TrainBatch:
             else:
                 current.append(row)
         return [torch.tensor(part) for part in parts]
+
+
+def _rows(prompt_ids: list[int], completion: Completion) -> list[tuple[list[int], list[int], list[float]]]:
+    """A completion's training rows: (ids, loss mask, sampler logprobs), the last two one per id
+    (0 on the prompt); a per-turn episode's are its turns."""
+    if completion.turns is not None:
+        return completion.turns
+    length = len(completion.token_ids)
+    loss_mask = [1] * length if completion.loss_mask is None else completion.loss_mask
+    if len(loss_mask) != length:
+        raise ValueError(f"a loss mask of {len(loss_mask)} for {length} completion tokens")
+    prompt = len(prompt_ids)
+    return [(prompt_ids + completion.token_ids, [0] * prompt + loss_mask, [0.0] * prompt + completion.logprobs)]

@@ -183,6 +183,8 @@ class Learner:
 
     def logprobs(self, groups: list[Group]) -> list[list[list[float]]]:
         """The learner's logprobs of each completion's tokens, shaped like the groups."""
+        if any(c.turns is not None for g in groups for c in g.completions):
+            raise ValueError("logprobs() reads one row per completion; a per-turn episode has one per turn")
         values = self._logprobs(self.policy, TrainBatch.from_groups(groups, self.tokenizer.pad_token_id))
         out, row = [], 0
         for group in groups:

@@ -30,7 +30,7 @@ def summarize(groups: list[Group], accuracy_from: str) -> dict[str, float]:
     summary = {
         "groups": float(len(groups)),
         "completions": float(len(completions)),
-        "tokens": float(sum(len(c.token_ids) for c in completions)),
+        "tokens": float(sum(len(c.token_ids) if c.loss_mask is None else sum(c.loss_mask) for c in completions)),
         "truncated": float(sum(c.finish_reason == "length" for c in completions)),
         "reward_sum": sum(rewards),
         "reward_sq_sum": sum(r * r for r in rewards),

@@ -34,6 +34,7 @@ BUILTIN_REWARDS: dict[str, str] = {
     "length_penalty": "grpo_dist.reward.rules:length_penalty",
     "unit_tests": "grpo_dist.reward.unit_tests:unit_test_reward",
     "reward_model": "grpo_dist.reward.model:RewardModel",
+    "env_reward": "grpo_dist.env.rewards:env_reward",  # multi-turn: the environment's step rewards
 }
 # Filled in by the RewardWorker for rewards that name it as a parameter.
 COMPLETION_TOKENS = "completion_tokens"

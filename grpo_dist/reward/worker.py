@@ -27,12 +27,25 @@ from grpo_dist.reward.registry import (
     reward_spec,
     takes_completion_tokens,
 )
-from grpo_dist.types import Group
+from grpo_dist.types import Completion, Group
 
 
 def reward_fields(row: dict[str, Any]) -> dict[str, Any]:
     """The row's fields as keyword arguments; `prompt`/`completion` are passed positionally."""
     return {key: value for key, value in row.items() if key not in ("prompt", "completion")}
+
+
+def episode_fields(completion: Completion) -> dict[str, Any]:
+    """A multi-turn episode's fields for rewards (env/groups.py): env_reward, transcript, env_info."""
+    episode = completion.episode
+    if episode is None:
+        return {}
+    return {"env_reward": episode["env_reward"], "transcript": episode["transcript"], "env_info": episode["env_info"]}
+
+
+def model_tokens(completion: Completion) -> int:
+    """The completion's own tokens (an episode's: the model's, not the environment's)."""
+    return len(completion.token_ids) if completion.loss_mask is None else sum(completion.loss_mask)
 
 
 @dataclass(frozen=True)
@@ -60,7 +73,8 @@ class RewardWorker:
     def score(self, groups: list[Group]) -> tuple[list[Group], dict[str, float]]:
         """Fill each group's `rewards` (weighted sum) and `reward_parts` (per function)."""
         samples = [
-            Sample(group.prompt, completion.text, reward_fields(group.row), len(completion.token_ids))
+            Sample(group.prompt, completion.text, {**reward_fields(group.row), **episode_fields(completion)},
+                   model_tokens(completion))
             for group in groups
             for completion in group.completions
         ]

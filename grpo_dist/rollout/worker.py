@@ -9,7 +9,11 @@ import ray
 import torch
 
 from grpo_dist.config import ModelConfig, RolloutConfig, resolve_path, vllm_installed
+from grpo_dist.env.config import EnvConfig
+from grpo_dist.env.groups import episode_groups
+from grpo_dist.env.runner import EpisodeRunner, episode_sums
 from grpo_dist.memory import peak_mb, process_device
+from grpo_dist.models import load_tokenizer
 from grpo_dist.rollout.engine import GenerationEngine
 from grpo_dist.rollout.hf_engine import HFEngine
 from grpo_dist.types import Group, Prompt, SamplingSettings
@@ -46,12 +50,15 @@ def build_engine(model: ModelConfig, rollout: RolloutConfig, seed: int) -> Gener
 class RolloutWorker:
     """Runs as a Ray actor (see controller/actors.py); plain class so that it can be used directly."""
 
-    def __init__(self, model: ModelConfig, rollout: RolloutConfig, seed: int) -> None:
+    def __init__(self, model: ModelConfig, rollout: RolloutConfig, seed: int, env: EnvConfig | None = None) -> None:
         torch.set_num_threads(rollout.threads)
         self.engine_name = resolve_engine(rollout.engine, rollout.num_gpus)
         self.engine = build_engine(model, rollout, seed)
         self.version = 0
         self.load_s = 0.0  # seconds spent taking weights since the last generate_chunk
+        # env: each prompt's group is sampling.n episodes of the environment (env/runner.py)
+        self.episodes = None if env is None else EpisodeRunner(self.engine, load_tokenizer(model.path), env)
+        self.env_sums: dict[str, float] = {}  # the last generate's episodes, for generate_chunk's info
 
     def generate(self, prompts: list[Prompt], sampling: SamplingSettings, seeds: list[int]) -> list[Group]:
         """One group of `sampling.n` completions per prompt, tagged with the policy version.
@@ -60,6 +67,10 @@ class RolloutWorker:
         """
         if len(seeds) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
+        if self.episodes is not None:  # every turn's engine call is under this one version too
+            played = self.episodes.run([p.row for p in prompts], sampling, seeds)
+            self.env_sums = episode_sums([episode for group in played for episode in group])
+            return episode_groups(prompts, played, self.version)
         completions = self.engine.generate([p.ids for p in prompts], sampling, seeds)
         return [
             Group(prompt_index=p.index, row=p.row, prompt=p.text, prompt_ids=list(p.ids), completions=group,
@@ -76,8 +87,8 @@ class RolloutWorker:
         groups = self.generate(prompts, sampling, seeds)
         info = {"policy_version": float(self.version), "generate_s": time.perf_counter() - started,
                 "generate_started": generate_started, "generate_ended": time.time(),
-                "load_s": self.load_s, "peak_memory_mb": peak_mb(process_device())}
-        self.load_s = 0.0
+                "load_s": self.load_s, "peak_memory_mb": peak_mb(process_device()), **self.env_sums}
+        self.load_s, self.env_sums = 0.0, {}
         return groups, info
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int, verify: bool = True) -> str | None:

@@ -1,0 +1,133 @@
+"""The environment API: text in, text out. The rollout worker owns the tokens (env/trajectory.py).
+
+An episode is one `Environment` instance: `reset(row)` gives the opening messages (or a
+prompt string, for a model without a chat template), then each model reply goes to
+`step(reply)`, which answers with a `Step`: new messages (or text) to append, an optional
+reward for this step, whether the episode is over, and free-form info. Either method may be
+`async def`; it is awaited. `check_opening` and `check_step` turn a malformed answer into an
+`EnvError`, which costs that episode and never the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+Message = dict[str, str]
+Observation = Union[list[Message], str]
+
+
+class EnvError(RuntimeError):
+    """An environment that raised, answered malformed, or hung past its deadline: the episode fails."""
+
+
+@dataclass(frozen=True)
+class Step:
+    """What the environment answers to one reply.
+
+    `observation`: messages (chat) or text to append before the model's next turn (empty
+    when `done`); `reward`: this step's reward, summed into the episode's (None: 0);
+    `done`: the episode is over; `info`: recorded with the episode and given to rewards.
+    """
+
+    observation: Observation = ""
+    reward: float | None = None
+    done: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class Environment:
+    """Subclass and implement `reset` and `step` (either may be async). One instance per
+    episode, built with the configured `env.kwargs` as keyword arguments.
+
+    `seed` is the episode's seed, set before `reset`: draw any randomness from
+    `random.Random(self.seed)`, so that a chunk generated again (after a worker restart, or
+    on resume) plays the same episodes.
+    """
+
+    seed: int = 0
+
+    def reset(self, row: dict[str, Any]) -> Observation:
+        """The episode's opening: a list of {role, content} messages, or a prompt string."""
+        raise NotImplementedError
+
+    def step(self, reply: str) -> Step:
+        """Answer the model's reply (its text, without the end-of-turn token)."""
+        raise NotImplementedError
+
+
+async def call(method: Any, *args: Any) -> Any:
+    """`method(*args)`, awaited when it is a coroutine function. A sync one runs in a daemon
+    thread of its own, so that a slow step does not hold up the other episodes' steps, and one
+    that hangs past its deadline is abandoned without keeping the process from exiting."""
+    if inspect.iscoroutinefunction(method):
+        return await method(*args)
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if not future.done():  # a caller that timed out has cancelled it
+            future.set_exception(error) if error is not None else future.set_result(result)
+
+    def run() -> None:
+        try:
+            result, error = method(*args), None
+        except BaseException as exc:  # noqa: BLE001 - any failure of the environment is the episode's
+            result, error = None, exc
+        try:
+            loop.call_soon_threadsafe(settle, result, error)
+        except RuntimeError:  # the loop has closed: nobody waits for this answer any more
+            pass
+
+    threading.Thread(target=run, daemon=True, name="env-call").start()
+    return await future
+
+
+def check_messages(value: Any, what: str) -> list[Message]:
+    """`value` as a list of {role, content} string messages, or an EnvError naming `what`."""
+    if not isinstance(value, (list, tuple)):
+        raise EnvError(f"{what} must be a list of messages or a string, got {type(value).__name__}")
+    messages = []
+    for position, message in enumerate(value):
+        if not (isinstance(message, dict) and isinstance(message.get("role"), str)
+                and isinstance(message.get("content"), str)):
+            raise EnvError(f"{what}[{position}] must be a dict with string 'role' and 'content', "
+                           f"got {str(message)[:80]}")
+        messages.append({"role": message["role"], "content": message["content"]})
+    return messages
+
+
+def check_opening(value: Any) -> Observation:
+    """reset()'s answer, checked: a non-empty prompt string or a non-empty list of messages."""
+    if isinstance(value, str):
+        if not value:
+            raise EnvError("reset() returned an empty prompt")
+        return value
+    messages = check_messages(value, "reset()")
+    if not messages:
+        raise EnvError("reset() returned no messages")
+    return messages
+
+
+def check_step(value: Any) -> Step:
+    """step()'s answer, checked: a Step with an observation of the right kind (unless done), a
+    finite reward or None, a bool done and a dict info."""
+    if not isinstance(value, Step):
+        raise EnvError(f"step() must return a Step, got {type(value).__name__}")
+    if not isinstance(value.done, bool):
+        raise EnvError(f"Step.done must be a bool, got {value.done!r}")
+    if value.reward is not None and not (isinstance(value.reward, (int, float)) and not isinstance(value.reward, bool)
+                                         and math.isfinite(value.reward)):
+        raise EnvError(f"Step.reward must be a finite number or None, got {value.reward!r}")
+    if not isinstance(value.info, dict):
+        raise EnvError(f"Step.info must be a dict, got {type(value.info).__name__}")
+    observation = value.observation if isinstance(value.observation, str) else check_messages(
+        value.observation, "Step.observation")
+    if not value.done and not observation:
+        raise EnvError("Step.observation is empty but the episode is not done")
+    return Step(observation=observation, reward=None if value.reward is None else float(value.reward),
+                done=value.done, info=value.info)

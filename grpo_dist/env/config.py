@@ -1,0 +1,59 @@
+"""The `env` section: multi-turn episodes (docs/multiturn.md). `env: null` is single-turn."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from grpo_dist.env.registry import check_env_options, load_environment
+from grpo_dist.run_config import Section
+
+
+class EnvConfig(Section):
+    name: str = Field(description="built-in environment name or package.module:Class (an Environment subclass)")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the environment's "
+                                   "constructor (one instance per episode)")
+    max_turns: int = Field(4, ge=1, description="model replies per episode at most")
+    max_episode_tokens: int = Field(1024, ge=2, description="prompt + every turn, in tokens; an episode that "
+                                    "reaches it ends (stop reason max_episode_tokens)")
+    max_observation_tokens: int = Field(256, ge=1, description="an observation's content longer than this is cut "
+                                        "to it (counted in env/observation_truncated)")
+    concurrency: int = Field(32, ge=1, description="environment calls (reset, step) running at once per worker")
+    step_timeout_s: float = Field(30.0, gt=0, description="deadline of one reset or step; past it the episode fails")
+    history: Literal["append", "per_turn"] = Field(
+        "append", description="append: one sample per episode, the turns appended token for token (a template "
+        "that rewrites history ends the episode: history_rewritten); per_turn: one sample per turn, each "
+        "turn's context rendered afresh by the chat template, each with the episode's advantage"
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _importable(cls, value: str) -> str:
+        load_environment(value)
+        return value
+
+    @model_validator(mode="after")
+    def _options_fit_the_environment(self) -> EnvConfig:
+        check_env_options(self.name, self.kwargs)
+        return self
+
+
+def check_training_env(env: EnvConfig | None, reward_names: list[str], aggregation: str, overlong: bool,
+                       minibatch_size: int | None) -> None:
+    """What a training run with `env` cannot do yet, refused before anything starts (each message
+    names the fields); env=None passes."""
+    if env is None:
+        return
+    if env.history == "per_turn" and minibatch_size is not None:
+        raise ValueError("env.history=per_turn trains one row per turn, so algo.minibatch_size (in completions) "
+                         "cannot split the batch: set algo.minibatch_size=null")
+    if "env_reward" not in reward_names:
+        raise ValueError(f"env is set but reward.functions {reward_names} has no env_reward: the environment's step "
+                         "rewards would be ignored; add {name: env_reward} (weight 0 to log them only)")
+    if aggregation == "constant":
+        raise ValueError("algo.aggregation=constant divides by rollout.max_new_tokens, one turn's limit, not an "
+                         "episode's: use token_mean or sequence_mean with env")
+    if overlong:
+        raise ValueError("algo.overlong_buffer's length penalty is of rollout.max_new_tokens, one turn's limit, not "
+                         "an episode's: set algo.overlong_buffer=null with env (max_episode_tokens ends long episodes)")

@@ -1,0 +1,181 @@
+"""Episodes run turn-batched over a generation engine, environment calls running concurrently.
+
+`EpisodeRunner.run(rows, sampling, seeds)` plays G = sampling.n episodes per row, one
+Environment instance each, in rounds: one engine call samples the next reply of every
+active episode (one call, so one policy version; every turn of an episode is on this
+engine), then every environment step of the round runs concurrently, at most
+env.concurrency at once, each under env.step_timeout_s. An environment that raises,
+answers malformed or hangs costs its episode (`Episode.error`), never the run.
+
+Seeds: episode j of row i is seeded `completion_seed(seeds[i], j)` (as completion j of a
+single-turn group is), and its turn t samples with `completion_seed(that, t)`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from grpo_dist.env.base import Environment, EnvError, call, check_opening, check_step
+from grpo_dist.env.config import EnvConfig
+from grpo_dist.env.registry import load_environment
+from grpo_dist.env.render import ChatRenderer, TextRenderer
+from grpo_dist.env.trajectory import DONE, ENV_ERROR, MAX_TURNS, Sample, Trajectory
+from grpo_dist.rollout.engine import GenerationEngine
+from grpo_dist.seeding import completion_seed
+from grpo_dist.types import SamplingSettings
+
+
+@dataclass
+class Episode:
+    """One episode: its tokens, the environment's step rewards and infos, and why it ended."""
+
+    row_index: int
+    sample_index: int
+    seed: int
+    env: Environment | None = None
+    trajectory: Trajectory | None = None
+    step_rewards: list[float] = field(default_factory=list)
+    infos: list[dict[str, Any]] = field(default_factory=list)
+    replies: list[str] = field(default_factory=list)
+    error: str | None = None  # the environment failed: the episode scores reward.failure_score, trains nothing
+    step_s: float = 0.0  # seconds in this episode's reset and steps
+
+    @property
+    def active(self) -> bool:
+        return self.error is None and self.trajectory is not None and not self.trajectory.done
+
+    @property
+    def stop_reason(self) -> str:
+        if self.error is not None:
+            return ENV_ERROR
+        return self.trajectory.stop_reason or MAX_TURNS  # type: ignore[union-attr]
+
+    @property
+    def env_reward(self) -> float:
+        return sum(self.step_rewards)
+
+    @property
+    def turns(self) -> int:
+        return len(self.replies)
+
+    def samples(self) -> list[Sample]:
+        """The training samples; a failed episode's have loss mask 0 everywhere (nothing trained)."""
+        if self.trajectory is None:
+            return []
+        if self.error is None:
+            return self.trajectory.samples
+        return [replace(s, loss_mask=[0] * len(s.ids), logprobs=[0.0] * len(s.ids)) for s in self.trajectory.samples]
+
+
+class EpisodeRunner:
+    """Plays episodes of the configured environment on `engine` (see the module docstring)."""
+
+    def __init__(self, engine: GenerationEngine, tokenizer: Any, env: EnvConfig) -> None:
+        self.engine, self.env = engine, env
+        self.env_class = load_environment(env.name)
+        chat = bool(getattr(tokenizer, "chat_template", None))
+        self.renderer = ChatRenderer(tokenizer) if chat else TextRenderer(tokenizer)
+        if env.history == "per_turn" and not self.renderer.chat:
+            raise ValueError("env.history=per_turn renders each turn's context with a chat template; the model's "
+                             "tokenizer has none: use env.history=append")
+
+    def run(self, rows: list[dict[str, Any]], sampling: SamplingSettings, seeds: list[int]) -> list[list[Episode]]:
+        """`sampling.n` episodes per row, one list per row."""
+        if len(seeds) != len(rows):
+            raise ValueError(f"{len(rows)} rows but {len(seeds)} seeds")
+        return asyncio.run(self._run(rows, sampling, seeds))
+
+    async def _run(self, rows: list[dict[str, Any]], sampling: SamplingSettings,
+                   seeds: list[int]) -> list[list[Episode]]:
+        limit = asyncio.Semaphore(self.env.concurrency)
+        episodes = [Episode(i, j, completion_seed(seed, j)) for i, seed in enumerate(seeds) for j in range(sampling.n)]
+        await asyncio.gather(*(self._reset(episode, rows[episode.row_index], limit) for episode in episodes))
+        one = replace(sampling, n=1)
+        for turn in range(self.env.max_turns):
+            active = [episode for episode in episodes if episode.active]
+            if not active:
+                break
+            inputs = [episode.trajectory.engine_input() for episode in active]  # type: ignore[union-attr]
+            outputs = self.engine.generate(inputs, one, [completion_seed(e.seed, turn) for e in active])
+            for episode, (completion,) in zip(active, outputs):
+                episode.replies.append(episode.trajectory.add_reply(  # type: ignore[union-attr]
+                    completion.token_ids, completion.logprobs, completion.finish_reason))
+            last = turn == self.env.max_turns - 1
+            await asyncio.gather(*(self._step(episode, limit, last) for episode in active if episode.active))
+        return [episodes[i : i + sampling.n] for i in range(0, len(episodes), sampling.n)]
+
+    async def _reset(self, episode: Episode, row: dict[str, Any], limit: asyncio.Semaphore) -> None:
+        try:
+            episode.env = self.env_class(**self.env.kwargs)
+            episode.env.seed = episode.seed
+            opening = check_opening(await self._timed(episode, limit, episode.env.reset, row))
+            episode.trajectory = Trajectory(self.renderer, opening, self.env.max_episode_tokens,
+                                            self.env.max_observation_tokens, self.env.history)
+        except Exception as exc:  # noqa: BLE001 - whatever the environment did, it costs this episode only
+            episode.error = f"reset: {_describe(exc)}"
+
+    async def _step(self, episode: Episode, limit: asyncio.Semaphore, last: bool) -> None:
+        """The environment's answer to the episode's last reply, appended unless the episode ends."""
+        env, trajectory = episode.env, episode.trajectory
+        assert env is not None and trajectory is not None
+        try:
+            step = check_step(await self._timed(episode, limit, env.step, episode.replies[-1]))
+            episode.step_rewards.append(step.reward or 0.0)
+            episode.infos.append(step.info)
+            if step.done:
+                trajectory.stop_reason = DONE
+            elif last:
+                trajectory.stop_reason = MAX_TURNS
+            else:
+                trajectory.add_observation(step.observation)
+        except Exception as exc:  # noqa: BLE001
+            episode.error = f"step {episode.turns}: {_describe(exc)}"
+
+    async def _timed(self, episode: Episode, limit: asyncio.Semaphore, method: Any, *args: Any) -> Any:
+        """`method(*args)` under the concurrency limit and env.step_timeout_s, its time counted."""
+        async with limit:
+            started = time.perf_counter()
+            try:
+                return await asyncio.wait_for(call(method, *args), self.env.step_timeout_s)
+            except asyncio.TimeoutError:
+                raise EnvError(f"no answer within env.step_timeout_s={self.env.step_timeout_s}") from None
+            finally:
+                episode.step_s += time.perf_counter() - started
+
+
+def _describe(exc: Exception) -> str:
+    return str(exc) if isinstance(exc, EnvError) else f"{type(exc).__name__}: {exc}"
+
+
+def episode_sums(episodes: list[Episode]) -> dict[str, float]:
+    """Counts and sums of some episodes, which add up across chunks (`env_metrics` of them)."""
+    truncated = sum(e.trajectory.observations_truncated for e in episodes if e.trajectory is not None)
+    return {
+        "env/episodes": float(len(episodes)),
+        "env/turns_sum": float(sum(e.turns for e in episodes)),
+        "env/turns_max": float(max((e.turns for e in episodes), default=0)),
+        **{f"env/stop_reasons/{reason}": float(count)
+           for reason, count in sorted(Counter(e.stop_reason for e in episodes).items())},
+        "env/observation_truncated": float(truncated),
+        "env/failed": float(sum(e.error is not None for e in episodes)),
+        "env/step_s": sum(e.step_s for e in episodes),
+    }
+
+
+def env_metrics(sums: list[dict[str, float]]) -> dict[str, float]:
+    """A step's env/ metrics from its chunks' `episode_sums`: env/turns_mean|max, env/stop_reasons/<reason>
+    (episodes), env/observation_truncated, env/failed and env/step_s (seconds in environment calls,
+    summed over episodes); {} without episodes."""
+    total: dict[str, float] = {}
+    for part in sums:
+        for key, value in part.items():
+            if key.startswith("env/"):
+                total[key] = max(total.get(key, 0.0), value) if key == "env/turns_max" else total.get(key, 0.0) + value
+    if not total:
+        return {}
+    total["env/turns_mean"] = total.pop("env/turns_sum") / max(total.pop("env/episodes"), 1.0)
+    return total

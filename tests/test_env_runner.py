@@ -1,0 +1,185 @@
+"""env/runner.py on a real transformers engine and a tiny ChatML model: episodes are the
+template's own ids, the sampler's logprobs are the model's on exactly those ids (the engine saw
+the trajectory), turn batching changes no episode, and bad environments cost only their episode."""
+
+import time
+
+import pytest
+import torch
+
+from grpo_dist.config import RewardConfig
+from grpo_dist.env.config import EnvConfig
+from grpo_dist.env.groups import episode_groups
+from grpo_dist.env.runner import EpisodeRunner, env_metrics, episode_sums
+from grpo_dist.learner.batch import TrainBatch
+from grpo_dist.learner.logprobs import token_logprobs
+from grpo_dist.reward.rules import length_penalty
+from grpo_dist.reward.worker import RewardWorker
+from grpo_dist.rollout.hf_engine import HFEngine
+from grpo_dist.seeding import completion_seed, prompt_seed
+from grpo_dist.tasks.tiny import IM_END, save_tiny_model
+from grpo_dist.types import Prompt, SamplingSettings
+
+ROWS = [{"prompt": "What is 2+2?", "answer": "4"}, {"prompt": "Say 7.", "answer": "7"}]
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory) -> HFEngine:
+    """A tiny ChatML model that stops at <|im_end|> (and <eos>). Llama: a saved qwen2 checkpoint
+    reloads its tokenizer as Qwen2Tokenizer, which drops spaces and newlines (transformers 5.19)."""
+    folder = tmp_path_factory.mktemp("chat_model")
+    save_tiny_model(folder, "llama", chat=True, max_positions=512, generation_config={"eos_token_id": [IM_END]})
+    return HFEngine(str(folder))
+
+
+def encode(tokenizer, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def play(engine, rows=ROWS, n=2, seeds=None, max_new_tokens=6, **env) -> list:
+    config = EnvConfig(**{"name": "env_helpers:Countdown", "kwargs": {"turns": 3}, **env})
+    sampling = SamplingSettings(n=n, temperature=1.0, max_new_tokens=max_new_tokens)
+    seeds = seeds or [prompt_seed(0, 0, i) for i in range(len(rows))]
+    return EpisodeRunner(engine, engine.tokenizer, config).run(rows, sampling, seeds)
+
+
+def test_episodes_are_the_templates_ids_and_the_engine_saw_exactly_them(engine):
+    tokenizer = engine.tokenizer
+    groups = play(engine)
+    assert [len(group) for group in groups] == [2, 2]
+    for row, group in zip(ROWS, groups):
+        for episode in group:
+            assert (episode.stop_reason, episode.turns, episode.error) == ("done", 3, None)
+            (sample,) = episode.samples()
+            messages = episode.trajectory.messages
+            assert [m["role"] for m in messages] == ["user", "assistant", "user", "assistant", "user", "assistant"]
+            assert messages[0]["content"] == row["prompt"] and messages[2]["content"] == "2 left"
+            whole = encode(tokenizer, tokenizer.apply_chat_template(messages, tokenize=False))
+            assert sample.ids == whole[: len(sample.ids)]
+            assert whole[len(sample.ids):] in (encode(tokenizer, "\n"), encode(tokenizer, IM_END + "\n"))
+            # the mask, from the template: reply k starts where the conversation before it ends and
+            # holds its content, plus <|im_end|> when the model ended the turn with it: when it stopped
+            # before max_new_tokens=6 and not on <eos> (the other stop token, kept in the content)
+            expected = [0] * len(sample.ids)
+            for k in range(3):
+                start = len(encode(tokenizer, tokenizer.apply_chat_template(
+                    messages[: 2 * k + 1], tokenize=False, add_generation_prompt=True)))
+                content = encode(tokenizer, messages[2 * k + 1]["content"])
+                ended_with_im_end = len(content) < 6 and content[-1:] != [tokenizer.eos_token_id]
+                end = start + len(content) + ended_with_im_end
+                expected[start:end] = [1] * (end - start)
+            assert sample.loss_mask == expected
+            # the sampler's logprobs are the model's at exactly these ids: what the engine conditioned on
+            ids = torch.tensor([sample.ids])
+            model, _ = token_logprobs(engine.model, ids, torch.ones_like(ids), temperature=1.0)
+            mask = torch.tensor(sample.loss_mask[1:]).bool()
+            torch.testing.assert_close(torch.tensor(sample.logprobs[1:])[mask], model[0][mask], atol=1e-4, rtol=0)
+            assert all(lp == 0.0 for lp, m in zip(sample.logprobs, sample.loss_mask) if not m)
+
+
+def test_turn_batching_changes_no_episode(engine):
+    seeds = [prompt_seed(3, 0, i) for i in range(len(ROWS))]
+    batched = play(engine, n=2, seeds=seeds, kwargs={"turns": 2})
+    alone = [play(engine, rows=[row], n=2, seeds=[seed], kwargs={"turns": 2}) for row, seed in zip(ROWS, seeds)]
+    assert batched[0][0].replies != batched[0][1].replies  # each episode has a stream of its own
+    assert batched[0][1].env.seed == completion_seed(seeds[0], 1)  # environments get the episode's seed
+    for i, group in enumerate(batched):
+        for j, episode in enumerate(group):
+            assert episode.samples()[0].ids == alone[i][0][j].samples()[0].ids
+            assert episode.replies == alone[i][0][j].replies
+
+
+def test_a_bad_environment_costs_its_episode_never_the_run(engine):
+    rows = [{**ROWS[0], "bad": bad} for bad in ("none", "raise", "malformed", "hang")]
+    started = time.perf_counter()
+    groups = play(engine, rows=rows, n=1, step_timeout_s=1.0, name="env_helpers:BadEnv")
+    assert time.perf_counter() - started < 30  # the hanging step was abandoned after 1 s
+    good, raised, malformed, hung = (group[0] for group in groups)
+    assert good.error is None and good.stop_reason == "done"
+    assert "RuntimeError: the environment broke" in raised.error
+    assert "must return a Step" in malformed.error
+    assert "env.step_timeout_s=1.0" in hung.error
+    for episode in (raised, malformed, hung):
+        assert episode.stop_reason == "env_error"
+        assert all(sum(sample.loss_mask) == 0 for sample in episode.samples())  # nothing trained
+    metrics = env_metrics([episode_sums([g[0] for g in groups[:2]]), episode_sums([g[0] for g in groups[2:]])])
+    assert metrics["env/failed"] == 3 and metrics["env/stop_reasons/env_error"] == 3
+    assert metrics["env/stop_reasons/done"] == 1 and metrics["env/turns_max"] == 3
+    assert metrics["env/turns_mean"] == (3 + 1 + 1 + 1) / 4  # the failed ones replied once
+
+
+def test_environment_calls_run_concurrently(engine):
+    rows = [dict(ROWS[0]) for _ in range(8)]
+    started = time.perf_counter()
+    groups = play(engine, rows=rows, n=1, name="env_helpers:AsyncCountdown",
+                  kwargs={"turns": 2, "delay_s": 0.5}, max_new_tokens=2)
+    wall = time.perf_counter() - started
+    steps = sum(g[0].step_s for g in groups)  # 8 episodes x (reset + 2 steps) x 0.5 s = 12 s one at a time
+    assert steps >= 11.5 and wall < 6, (steps, wall)
+    assert all(g[0].stop_reason == "done" for g in groups)
+
+
+def test_episodes_become_groups_that_train_and_score_on_the_models_tokens(engine):
+    tokenizer = engine.tokenizer
+    rows = [{**ROWS[0], "bad": "none"}, {**ROWS[1], "bad": "raise"}]
+    played = play(engine, rows=rows, name="env_helpers:BadEnv")
+    prompts = [Prompt(index=7 + i, row=row, text=row["prompt"], ids=encode(tokenizer, tokenizer.apply_chat_template(
+        [{"role": "user", "content": row["prompt"]}], tokenize=False, add_generation_prompt=True)))
+        for i, row in enumerate(rows)]
+    groups = episode_groups(prompts, played, version=3)
+    assert [g.prompt_index for g in groups] == [7, 8] and all(g.policy_version == 3 for g in groups)
+    batch = TrainBatch.from_groups(groups, pad_id=tokenizer.pad_token_id)
+    row = 0
+    for group, prompt, episodes in zip(groups, prompts, played):
+        assert group.prompt_ids == prompt.ids  # the openings are the data's rendering of the row
+        for completion, episode in zip(group.completions, episodes):
+            (sample,) = episode.samples()
+            assert group.prompt_ids + completion.token_ids == sample.ids
+            assert batch.mask[row, : len(sample.ids) - 1].tolist() == sample.loss_mask[1:]
+            assert batch.mask[row].sum() == (sum(sample.loss_mask) if episode.error is None else 0)
+            assert completion.text == episode.replies[-1] and completion.episode["turns"] == episode.turns
+            row += 1
+    worker = RewardWorker(RewardConfig(functions=[{"name": "env_reward"}, {"name": "length_penalty", "weight": 0.5,
+                                                  "kwargs": {"soft_length": 2, "max_length": 100}}],
+                                       accuracy_from="env_reward", failure_score=-1.0))
+    try:
+        scored, failures = worker.score(groups)
+    finally:
+        worker.close()
+    assert failures["reward/env_reward/failures"] == 2  # the raising environment's two episodes
+    for group, episodes in zip(scored, played):
+        for k, episode in enumerate(episodes):
+            env_part = -1.0 if episode.error else episode.env_reward
+            assert group.reward_parts["env_reward"][k] == env_part
+            # the length penalty counts the model's tokens, not the environment's
+            model_tokens = sum(episode.samples()[0].loss_mask)
+            expected = length_penalty("", "", completion_tokens=model_tokens, soft_length=2, max_length=100)
+            assert group.reward_parts["length_penalty"][k] == pytest.approx(expected)
+            assert group.rewards[k] == pytest.approx(env_part + 0.5 * expected)
+
+
+def test_per_turn_episodes_train_one_row_per_turn_on_the_templates_fresh_rendering(engine):
+    tokenizer = engine.tokenizer
+    played = play(engine, rows=ROWS[:1], history="per_turn")
+    prompt = Prompt(index=0, row=ROWS[0], text="", ids=encode(tokenizer, tokenizer.apply_chat_template(
+        [{"role": "user", "content": ROWS[0]["prompt"]}], tokenize=False, add_generation_prompt=True)))
+    (group,) = episode_groups([prompt], played, version=0)
+    batch = TrainBatch.from_groups([group], tokenizer.pad_token_id, advantages=torch.tensor([2.0, -2.0]))
+    assert len(batch) == 6 and batch.advantages.tolist() == [2.0] * 3 + [-2.0] * 3  # 2 episodes x 3 turns
+    row = 0
+    for episode, completion in zip(played[0], group.completions):
+        messages = episode.trajectory.messages
+        assert len(completion.turns) == 3 and completion.token_ids == [
+            i for ids, mask, _ in completion.turns for i, m in zip(ids, mask) if m]
+        for k, (ids, mask, logprobs) in enumerate(completion.turns):
+            context = encode(tokenizer, tokenizer.apply_chat_template(messages[: 2 * k + 1], tokenize=False,
+                                                                      add_generation_prompt=True))
+            assert ids[: len(context)] == context and mask == [0] * len(context) + [1] * (len(ids) - len(context))
+            reply = tokenizer.decode(ids[len(context):], skip_special_tokens=True)
+            assert reply == episode.replies[k]
+            assert batch.mask[row, : len(ids) - 1].tolist() == mask[1:]
+            tensor = torch.tensor([ids])
+            model, _ = token_logprobs(engine.model, tensor, torch.ones_like(tensor), temperature=1.0)
+            torch.testing.assert_close(torch.tensor(logprobs[len(context):]), model[0][len(context) - 1:],
+                                       atol=1e-4, rtol=0)
+            row += 1
