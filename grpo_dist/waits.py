@@ -14,6 +14,9 @@ import ray
 # A call whose actor died (ActorDiedError), is restarting (ActorUnavailableError), or whose
 # input came from such a call (RayTaskError(...) is then a RayActorError too).
 ActorLost = ray.exceptions.RayActorError
+# A value lost with the node whose object store held it (a dead node; the rollout and reward
+# actors' results live in their node's store), which Ray cannot make again (max_retries=0).
+ObjectLost = ray.exceptions.ObjectLostError
 
 
 class CallTimeout(TimeoutError):
@@ -60,7 +63,8 @@ def fetch(refs: list[ray.ObjectRef], names: list[str], timeout_s: float, **optio
 
 def fetch_each(refs: list[ray.ObjectRef], names: list[str], timeout_s: float, *,
                late_ok: bool = False, failures_ok: bool = False) -> list[Any]:
-    """`fetch`, except that a call whose actor died gives its ActorLost error in its place; with
+    """`fetch`, except that a call whose actor died, or whose value was lost with its node, gives
+    its ActorLost or ObjectLost error in its place; with
     `late_ok`, a call not done after `timeout_s` gives its CallTimeout in its place (the caller
     decides what a hung actor costs) instead of raising one for all; with `failures_ok`, a call
     that raised gives its error (a RayTaskError) in its place."""
@@ -74,7 +78,7 @@ def fetch_each(refs: list[ray.ObjectRef], names: list[str], timeout_s: float, *,
             continue
         try:
             values.append(ray.get(ref))
-        except ActorLost as lost:
+        except (ActorLost, ObjectLost) as lost:
             values.append(lost)
         except ray.exceptions.RayTaskError as failed:
             if not failures_ok:

@@ -27,9 +27,9 @@ pytestmark = pytest.mark.slow
 STEPS, PROMPTS, GROUP, BOUND = 60, 8, 4, 1
 RUN = [*SMALL, f"trainer.steps={STEPS}", f"rollout.prompts_per_step={PROMPTS}", f"rollout.group_size={GROUP}",
        "rollout.num_workers=2", "rollout.num_cpus=0.25", "reward.num_workers=2", "reward.num_cpus=0.25",
-       "learner.num_cpus=0.5", "data.eval_rows=64", "trainer.call_timeout_s=6", "cluster.max_restarts=50",
-       "trainer.checkpoint_every=0", "trainer.save_final=false", "trainer.samples_every=1",
-       f"trainer.samples_per_log={PROMPTS}"]
+       "learner.num_cpus=0.5", "algo.lr=1e-4", "data.eval_rows=64", "trainer.call_timeout_s=6",
+       "cluster.max_restarts=50", "trainer.checkpoint_every=0", "trainer.save_final=false",
+       "trainer.samples_every=1", f"trainer.samples_per_log={PROMPTS}"]
 MODES = {"sync": ["trainer.mode=sync"], "async": ["trainer.mode=async", f"trainer.max_staleness={BOUND}"]}
 
 

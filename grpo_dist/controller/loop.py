@@ -62,7 +62,7 @@ from grpo_dist.metrics import MetricsLog
 from grpo_dist.plots import write_report
 from grpo_dist.rollout.sampling import sampling_settings
 from grpo_dist.types import Group, Prompt, SamplingSettings
-from grpo_dist.waits import ActorLost, CallTimeout, fetch, first_line
+from grpo_dist.waits import ActorLost, CallTimeout, ObjectLost, fetch, first_line
 from grpo_dist.weights import WeightSync, make_weight_sync
 
 BAD_STEPS = "bad_steps_in_a_row"  # kept with the restart counters in checkpoints
@@ -387,12 +387,13 @@ class Trainer:
             try:
                 metrics = evaluate(self.actors.rollouts, self.actors.rewards, self.eval_prompts, self.config)
                 break
-            except ActorLost as lost:
+            except (ActorLost, ObjectLost) as lost:  # an actor died, or a node with its results
                 where = self.supervisor.which(lost)
-                if where is None or attempt >= self.config.cluster.max_restarts:
+                if attempt >= self.config.cluster.max_restarts or (where is None and isinstance(lost, ActorLost)):
                     raise
                 log.note(f"evaluation at step {step}: {first_line(lost)}; evaluating again")
-                self.supervisor.revive(*where)
+                if where is not None:
+                    self.supervisor.revive(*where)  # (else catch_up, above, finds the restarted actors)
             except CallTimeout as late:  # an actor hung: killed and revived, or the run ends
                 if attempt >= self.config.cluster.max_restarts or not self.supervisor.kill_unresponsive(
                         str(late), grace_s=self.config.trainer.call_timeout_s):

@@ -51,7 +51,7 @@ from grpo_dist.env.runner import env_metrics
 from grpo_dist.reward.chunk_stats import batch_metrics
 from grpo_dist.seeding import prompt_seed
 from grpo_dist.types import Prompt, SamplingSettings
-from grpo_dist.waits import ActorLost, CallTimeout, fetch_each, first_line
+from grpo_dist.waits import ActorLost, CallTimeout, ObjectLost, fetch_each, first_line
 
 T = TypeVar("T")
 
@@ -202,7 +202,7 @@ class RolloutPipeline:
                 if isinstance(info, CallTimeout):
                     hung.setdefault(chunks[i].worker, first_line(info))
                     again.append((i, first_line(info)))
-                elif isinstance(info, ActorLost):
+                elif isinstance(info, (ActorLost, ObjectLost)):
                     again.append((i, first_line(info)))
                 elif info["policy_version"] != chunks[i].version:
                     dropped += len(chunks[i].prompts)
@@ -219,10 +219,11 @@ class RolloutPipeline:
         return infos, dropped
 
     def scoring_stats(self, chunks: list[Chunk]) -> list[dict[str, float]]:
-        """Each chunk's scoring stats; a chunk whose reward actor died is scored again there. A
-        late one: the actors that hung (an engine whose output a reward call waits for, or the
-        reward actor) are killed and revived (Supervisor.kill_unresponsive), then it is waited for
-        again; CallTimeout when every actor answers (the call is slow, not hung)."""
+        """Each chunk's scoring stats; a chunk whose reward actor died is scored again there, one
+        whose groups were lost with their node is generated again (same prompts and seeds). A late
+        one: the actors that hung (an engine whose output a reward call waits for, or the reward
+        actor) are killed and revived (Supervisor.kill_unresponsive), then it is waited for again;
+        CallTimeout when every actor answers (the call is slow, not hung)."""
         stats: list[Any] = [None] * len(chunks)
         pending = list(range(len(chunks)))
         while pending:
@@ -239,7 +240,12 @@ class RolloutPipeline:
             for i in lost:
                 self.count_retry(chunks[i], "reward", first_line(stats[i]))
                 self.score(chunks[i])
-            pending = [*late, *lost]
+            gone = [i for i in pending if isinstance(stats[i], ObjectLost)]  # its groups died with their node
+            for i in gone:
+                self.count_retry(chunks[i], "rollout", first_line(stats[i]))
+                chunks[i].version = self.supervisor.revive("rollout", chunks[i].worker)
+                self.launch(chunks[i], chunks[i].worker)
+            pending = [*late, *lost, *gone]
         return stats
 
     def count_retry(self, chunk: Chunk, role: str, why: str) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 import ray
 
 from grpo_dist.controller.actors import LearnerWatch
-from grpo_dist.waits import ActorLost, CallTimeout, cause_line, fetch, fetch_each, first_line
+from grpo_dist.waits import ActorLost, CallTimeout, ObjectLost, cause_line, fetch, fetch_each, first_line
 from grpo_dist.weights import WeightSync
 from grpo_dist.weights.errors import WeightSyncError
 
@@ -86,7 +86,7 @@ class WeightPublisher:
             for index, value in zip(workers, values):
                 if isinstance(value, CallTimeout):
                     hung[index] = first_line(value)
-                elif isinstance(value, ActorLost):
+                elif isinstance(value, (ActorLost, ObjectLost)):  # (its node died: the same)
                     if self.repaired.get(index, 0) < check.serial and index not in lost:
                         lost.append(index)
                 elif isinstance(value, ray.exceptions.RayTaskError):
