@@ -303,6 +303,10 @@ class LearnerConfig(Section):
         1, ge=1, description="data-parallel learner ranks: Ray actors in one placement group, each taking its share "
         "of every batch (gloo on CPUs, NCCL on GPUs); rank 0 exports weights"
     )
+    sharding: Literal["none", "fsdp"] = Field(
+        "none", description="none: every rank holds the whole policy; fsdp: FSDP2 shards parameters, gradients and "
+        "AdamW state over the num_ranks ranks (docs/scaling.md)")
+    offload: Literal["none", "all"] = Field("none", description="fsdp: all keeps the shards and AdamW on the CPU")
     lora: LoraConfig | None = Field(
         None, description="train LoRA adapters (peft) on a frozen base instead of every weight; null: full training"
     )
@@ -326,6 +330,9 @@ class LearnerConfig(Section):
     def _actor_reserves_resources(self) -> LearnerConfig:
         check_bundle("learner", self.num_cpus, self.num_gpus, self.resources,
                      f"each of the learner.num_ranks={self.num_ranks} learner ranks")
+        if self.sharding == "fsdp" and self.num_ranks < 2 or self.offload != "none" and self.sharding != "fsdp":
+            raise ValueError(f"learner.sharding=fsdp needs learner.num_ranks >= 2 (got {self.num_ranks}), and "
+                             f"learner.offload={self.offload} needs learner.sharding=fsdp (got {self.sharding})")
         return self
 
 
