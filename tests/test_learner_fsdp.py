@@ -12,7 +12,9 @@ import ray
 import torch
 from transformers import AutoModelForCausalLM
 
+from conftest import small_config
 from grpo_dist.config import ConfigError, load_config
+from grpo_dist.controller.loop import Trainer
 from grpo_dist.learner.group import start_learner
 from grpo_dist.learner.sharded import full
 from grpo_dist.weights.checksum import state_checksum
@@ -64,9 +66,13 @@ def unsharded(overrides):
 def assert_one_rank_update(groups, overrides, ranks, atol=1e-5, **step):
     """K fsdp ranks' masters after one train_step equal one unsharded rank's within atol, and
     their metrics its metrics; every rank holds a shard (about 1/K of the parameters); before
-    the step both serve the same weights (model.path's), checksum for checksum."""
+    the step both give the same logprobs and serve the same weights (model.path's), checksum
+    for checksum."""
     single = make_learner(*unsharded(overrides), sgd=True)
     group = start_learner(make_config(*overrides, f"learner.num_ranks={ranks}"))
+    got = ray.get(group.logprobs.remote(groups[:1]))  # a no-grad pass on every rank, then a checksum
+    for got_rows, want_rows in zip(got[0], single.logprobs(groups[:1])[0]):
+        assert got_rows == pytest.approx(want_rows, abs=1e-5)
     assert ray.get(group.checksum.remote()) == single.checksum()
     expected = single.train_step(groups, **step)
     on_every_rank(group, use_sgd)
@@ -156,3 +162,17 @@ def test_the_config_refuses_fsdp_without_ranks_and_offload_without_fsdp():
         with pytest.raises(ConfigError, match=r"learner.sharding=fsdp needs learner.num_ranks >= 2"):
             load_config(None, overrides)
     assert load_config(None, ["learner.sharding=fsdp", "learner.num_ranks=2", "learner.offload=all"])
+
+
+@pytest.mark.slow
+def test_the_default_task_learns_with_two_fsdp_ranks(ray_cluster, tmp_path):
+    """The controller's path with sharded ranks: each version published bucket by bucket through
+    the object store, its served checksum verified; the consolidated final/ loads. Learns like
+    one rank (docs/learner.md: 0.323 -> 0.920 at step 20 with the transformers engine, float32)."""
+    config = small_config(tmp_path, "rollout.num_workers=1", "rollout.engine=transformers", "rollout.prompts_per_step=32",
+                          "rollout.group_size=8", "algo.lr=1e-4", "learner.num_ranks=2", "learner.sharding=fsdp",
+                          "trainer.steps=20", "trainer.eval_every=0", "data.eval_rows=300", "trainer.save_final=true")
+    summary = Trainer(config, tmp_path / "run").run()
+    assert summary["steps"] == 20
+    assert summary["eval_accuracy_after"] - summary["eval_accuracy_before"] >= 0.3, summary
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "final").config.num_hidden_layers > 0

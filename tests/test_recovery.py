@@ -164,12 +164,15 @@ def test_async_a_killed_rollout_worker_is_restarted_and_no_group_is_staler_than_
     assert 0 <= min(lags) and max(lags) == bound, lags
 
 
-def test_a_dead_learner_rank_ends_the_run_with_the_resume_command(tmp_path):
+@pytest.mark.parametrize("sharding", ["none", "fsdp"])
+def test_a_dead_learner_rank_ends_the_run_with_the_resume_command(tmp_path, sharding):
     """learner.num_ranks=2, one rank killed (preferably in train_step): its peer's collective
     fails, and every wait of the group on its ranks is bounded by trainer.call_timeout_s (which
-    also bounds the ranks' start here: 30 s, not less, on 2 busy cores)."""
+    also bounds the ranks' start here: 30 s, not less, on 2 busy cores). With fsdp the
+    checkpoint before it is the sharded one (each rank's shards, sealed by COMPLETE)."""
     where, run_dir, log = run_dir_and_log(tmp_path)
     run = start(*SMALL, *where, "trainer.steps=1000", "learner.num_ranks=2", "learner.num_cpus=0.5",
+                f"learner.sharding={sharding}",
                 "rollout.num_workers=1", "trainer.checkpoint_every=2", "trainer.call_timeout_s=30", log=log)
     try:
         wait_for(lambda: (run_dir / "checkpoints" / "step_000002" / "COMPLETE").is_file(), run)
@@ -186,6 +189,7 @@ def test_a_dead_learner_rank_ends_the_run_with_the_resume_command(tmp_path):
     _, step, checkpoint, saved, resume_dir = found.groups()
     assert int(saved) >= 2 and int(step) > int(saved) and Path(resume_dir) == run_dir
     assert (Path(checkpoint) / "COMPLETE").is_file()
+    assert (Path(checkpoint) / "shards").is_dir() == (sharding == "fsdp")
     assert took < 60, took
 
 

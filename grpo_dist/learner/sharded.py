@@ -55,14 +55,16 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return layers
 
 
-def shard(model: torch.nn.Module, dtype: torch.dtype | None, offload: str = "none") -> torch.nn.Module:
+def shard(model: torch.nn.Module, dtype: torch.dtype | None, offload: str = "none",
+          inference: bool = False) -> torch.nn.Module:
     """`fully_shard` each decoder layer, then the root (embeddings, final norm, a tied head);
-    compute in `dtype` (None: the parameters' own), gradients reduced in float32 and summed."""
+    compute in `dtype` (None: the parameters' own), gradients reduced in float32 and summed.
+    The root keeps its gathered parameters from forward to backward, unless for `inference`."""
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
     offload_policy = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if offload == "all" else OffloadPolicy()
     for layer in decoder_layers(model):
         fully_shard(layer, mp_policy=policy, offload_policy=offload_policy)
-    fully_shard(model, mp_policy=policy, offload_policy=offload_policy)
+    fully_shard(model, mp_policy=policy, offload_policy=offload_policy, reshard_after_forward=inference or None)
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)  # a sum over ranks: D is already global
@@ -89,7 +91,6 @@ class ShardedWeights:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.lora_layers = lora_layers
         self.base = model.get_base_model() if lora_layers is not None else model
-        self.sources = self.base.state_dict()  # by base-model name: DTensor shards and buffers, no copy
 
     def zero_grad(self) -> None:
         for param in self.params:
@@ -105,8 +106,9 @@ class ShardedWeights:
 
     def served_names(self) -> dict[str, torch.Tensor]:
         """Every served name with a meta tensor of its served shape and dtype (no data, no collective)."""
+        self.model.reshard()  # after a no-grad pass the root may still hold gathered parameters
         served = {}
-        for key, tensor in self.sources.items():
+        for key, tensor in self.base.state_dict().items():  # by base-model name: shards and buffers, no copy
             if ".lora_" in key:
                 continue
             name = key.replace(BASE_LAYER + ".", ".")
@@ -118,18 +120,18 @@ class ShardedWeights:
     def gather(self, names: list[str], dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
         """These served tensors whole, in `dtype` (default model.dtype; buffers keep theirs): a
         collective, every rank must call it with the same names."""
-        dtype = dtype or self.dtype
-        out = {}
+        self.model.reshard()
+        dtype, sources, out = dtype or self.dtype, self.base.state_dict(), {}
         for name in names:
             module, _, leaf = name.rpartition(".")
             if self.lora_layers is None or module not in self.lora_layers:
-                tensor = self.sources[name]
+                tensor = sources[name]
                 out[name] = full(tensor.to(dtype)) if isinstance(tensor, DTensor) else tensor.detach()
                 continue
-            base = full(self.sources[f"{module}{BASE_LAYER}.{leaf}"]).float()
+            base = full(sources[f"{module}{BASE_LAYER}.{leaf}"]).float()
             if leaf == "weight":  # W' = W + (alpha / r) B A, in float32, rounded once
                 layer = self.lora_layers[module]
-                a, b = (full(self.sources[f"{module}.lora_{x}.default.weight"]).float() for x in "AB")
+                a, b = (full(sources[f"{module}.lora_{x}.default.weight"]).float() for x in "AB")
                 base = base + (b @ a) * layer.scaling["default"]
             out[name] = base.to(dtype)
         return out

@@ -273,7 +273,7 @@ class Learner:
             self.weights = ShardedWeights(self.policy, self.dtype, self.learner.offload,
                                           getattr(self.weights, "layers", None))
             if isinstance(self.reference, torch.nn.Module):  # LoRA's reference is the policy itself
-                shard(self.reference, None, self.learner.offload)
+                shard(self.reference, None, self.learner.offload, inference=True)
             self.optimizer = torch.optim.AdamW(self.weights.params, lr=self.algo.lr,
                                                weight_decay=self.algo.weight_decay)
             self.scheduler = make_scheduler(self.optimizer, self.algo, self.total_steps)
