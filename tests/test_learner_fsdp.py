@@ -18,6 +18,7 @@ from grpo_dist.controller.loop import Trainer
 from grpo_dist.learner.group import start_learner
 from grpo_dist.learner.sharded import full
 from grpo_dist.weights.checksum import state_checksum
+from grpo_dist.weights.nccl import NcclSync
 from learner_helpers import make_config, make_learner, masters, scored_groups
 
 COMMON = ["algo.beta=0.1", "rollout.temperature=0.7", "learner.micro_batch_size=3", "learner.num_cpus=0.5",
@@ -29,6 +30,7 @@ CASES = {
     "constant_token_budget": ["algo.aggregation=constant", "learner.max_tokens_per_micro_batch=40"],
     "gspo_lora_two_minibatches": ["algo.ratio_level=sequence", "learner.lora.rank=4", "algo.minibatch_size=8"],
     "gradient_checkpointing": ["learner.gradient_checkpointing=true"],
+    "cpu_offload": ["learner.offload=all"],  # FSDP2's CPUOffloadPolicy; on the CPU the same arithmetic
 }
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the helpers below run inside the ranks
 
@@ -85,20 +87,28 @@ def assert_one_rank_update(groups, overrides, ranks, atol=1e-5, **step):
     for key in ("loss/total", "loss/kl", "policy/entropy", "policy/clip_fraction", "policy/ratio_max",
                 "policy/grad_norm"):
         assert metrics[key] == pytest.approx(expected[key], rel=1e-4, abs=1e-6), key
-    assert_published_bucket_by_bucket(group)
+    served = assert_published_bucket_by_bucket(group)
+    want = single.export_weights()  # LoRA: merged; the same names, dtypes and values within a rounding
+    assert served.keys() == want.keys()
+    for name, tensor in served.items():
+        assert tensor.dtype == want[name].dtype, name
+        close = 1e-2 if tensor.dtype == torch.bfloat16 else atol  # masters 1e-5 apart may round apart
+        torch.testing.assert_close(tensor.float(), want[name].float(), rtol=0, atol=close)
     ray.get(group.close.remote())
     ray.kill(group)
 
 
 def assert_published_bucket_by_bucket(group, bucket_bytes=1 << 20):
     """The object-store export is a list of buckets (each at most bucket_bytes but for a larger
-    tensor alone) whose union is the served state dict, and the group's checksum is its checksum."""
+    tensor alone) whose union is the served state dict, and the group's checksum is its checksum;
+    returns that state dict."""
     buckets = ray.get(ray.get(group.export_weights.remote(bucket_bytes)))
     assert len(buckets) > 1
     assert all(sum(t.numel() * t.element_size() for t in b.values()) <= bucket_bytes or len(b) == 1 for b in buckets)
     served = {name: tensor for bucket in buckets for name, tensor in bucket.items()}
     assert ray.get(group.checksum.remote()) == state_checksum(served)
     assert state_checksum(served) == state_checksum(on_every_rank(group, full_served)[1])
+    return served
 
 
 @pytest.mark.parametrize("ranks,case", [(2, "token_mean"),
@@ -176,3 +186,25 @@ def test_the_default_task_learns_with_two_fsdp_ranks(ray_cluster, tmp_path):
     assert summary["steps"] == 20
     assert summary["eval_accuracy_after"] - summary["eval_accuracy_before"] >= 0.3, summary
     assert AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "final").config.num_hidden_layers > 0
+
+
+@pytest.mark.slow
+def test_fsdp_ranks_broadcast_bucket_by_bucket_over_the_weight_group(ray_cluster, tmp_path):
+    """NcclSync (gloo, the CPU stand-in) from 2 fsdp ranks: every rank gathers each bucket of the
+    plan, rank 0 broadcasts it; the engine serves the group's checksum after every step."""
+    config = small_config(tmp_path, "rollout.engine=transformers", "rollout.num_workers=1", "learner.num_ranks=2",
+                          "learner.sharding=fsdp")
+    trainer = Trainer(config, run_dir=tmp_path / "run")
+    trainer.start(lambda _, learner, rollouts: NcclSync(learner, rollouts, timeout_s=120, bucket_bytes=256 << 10,
+                                                        backend="gloo"))
+    try:
+        assert len(trainer.sync.plan) > 1
+        trainer.verify_weights()
+        learner = trainer.actors.learner
+        before = ray.get(learner.checksum.remote())
+        for step in (1, 2):
+            trainer.step(step)  # ends with sync.push and the checksum check
+        after = ray.get(learner.checksum.remote())
+        assert after != before and [ray.get(w.checksum.remote()) for w in trainer.actors.rollouts] == [after]
+    finally:
+        trainer.stop()
