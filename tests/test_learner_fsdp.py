@@ -15,6 +15,8 @@ from transformers import AutoModelForCausalLM
 from conftest import small_config
 from grpo_dist.config import ConfigError, load_config
 from grpo_dist.controller.loop import Trainer
+from grpo_dist.learner.batch import TrainBatch
+from grpo_dist.learner.distributed import DataParallel
 from grpo_dist.learner.group import start_learner
 from grpo_dist.learner.sharded import full
 from grpo_dist.weights.checksum import state_checksum
@@ -122,9 +124,14 @@ def test_fsdp_ranks_give_the_one_rank_update(ray_cluster, groups, ranks, case):
 
 @pytest.mark.slow
 def test_ranks_with_different_numbers_of_micro_batches(ray_cluster, groups):
-    """One group of 4 rows over 3 ranks (2, 1, 1 rows; then 1, 1, 0 micro-batches of a token budget):
-    the ranks with fewer run empty ones, which add nothing."""
-    assert_one_rank_update(groups, [*COMMON, "learner.max_tokens_per_micro_batch=30"], 3, max_groups=1)
+    """One group of 4 rows over 3 ranks, one row per micro-batch: the ranks run 2, 1 and 1
+    micro-batches (checked here with the learner's own split), so two ranks pad with an empty
+    one, which adds nothing."""
+    batch = TrainBatch.from_groups(groups[:1], pad_id=0)
+    rows = torch.arange(len(batch))
+    counts = [len(batch.micro_batches(DataParallel(rank, 3).shard(rows, batch.lengths), 1, None)) for rank in range(3)]
+    assert counts == [2, 1, 1]
+    assert_one_rank_update(groups, [*COMMON, "learner.micro_batch_size=1"], 3, max_groups=1)
 
 
 @pytest.mark.slow
