@@ -40,7 +40,7 @@ class ShardedRanks(DataParallel):
 
     def pad(self, parts: list[torch.Tensor]) -> list[torch.Tensor | None]:
         """`parts` followed by empty micro-batches (None) up to the largest count of any rank."""
-        count = torch.tensor([len(parts)])
+        count = torch.tensor([len(parts)], device=self.device)  # NCCL reduces device tensors only
         dist.all_reduce(count, op=dist.ReduceOp.MAX)
         return [*parts, *[None] * (int(count) - len(parts))]
 

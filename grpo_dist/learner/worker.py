@@ -51,9 +51,10 @@ class Learner:
         self.algo, self.learner, self.rollout = algo, learner, rollout
         self.tokenizer = load_tokenizer(model.path)
         self.dtype, self.total_steps = DTYPES[model.dtype], total_steps
-        # fsdp: a float32 policy (LoRA: a float32 base), sharded in join_ranks; the shards become the masters
-        compute = "float32" if learner.sharding == "fsdp" else model.dtype
-        self.weights = load_policy(model.path, compute, self.device, learner.gradient_checkpointing, learner.lora)
+        # fsdp: a float32 policy (LoRA: a float32 base) in host memory, sharded in join_ranks, which
+        # moves only this rank's shards to the device; the shards become the masters
+        compute, self.load_device = ("float32", "cpu") if learner.sharding == "fsdp" else (model.dtype, self.device)
+        self.weights = load_policy(model.path, compute, self.load_device, learner.gradient_checkpointing, learner.lora)
         self.policy = self.weights.model  # computes pi_theta; in model.dtype (LoRA: the adapters in float32)
         self.reference = self._reference(model) if algo.beta > 0 else None
         self.optimizer = torch.optim.AdamW(self.weights.params, lr=algo.lr, weight_decay=algo.weight_decay)
@@ -71,7 +72,7 @@ class Learner:
             from grpo_dist.learner.lora import BasePolicy
 
             return BasePolicy(self.policy)
-        return load_reference(model.path, model.dtype, self.device)
+        return load_reference(model.path, model.dtype, self.load_device)
 
     def train_step(self, *chunks: list[Group], max_groups: int | None = None) -> dict[str, float]:
         """One GRPO update on the scored groups of every chunk, the first `max_groups` of them
@@ -190,9 +191,11 @@ class Learner:
     def _refresh_reference(self) -> None:
         """Every algo.ref_refresh_every versions pi_ref becomes the policy: the served weights, copied."""
         every = self.algo.ref_refresh_every
-        if every is not None and self.version % every == 0 and self.sharded:
+        if every is None or self.version % every:
+            return
+        if self.sharded:
             copy_shards(self.reference, self.policy)  # sharded alike: shard by shard, rounded to model.dtype
-        elif every is not None and self.version % every == 0:
+        else:
             self.reference.load_state_dict(self.weights.served_state_dict())
 
     def logprobs(self, groups: list[Group]) -> list[list[list[float]]]:
@@ -264,12 +267,15 @@ class Learner:
     def join_ranks(self, host: str, port: int, rank: int, world_size: int) -> None:
         """Become rank `rank` of `world_size` (rank 0 serves the rendezvous at host:port; NCCL on a
         GPU, gloo on the CPU); rank 0's weights are broadcast to every rank. With learner.sharding=fsdp
-        the policy (and reference) are then sharded, and AdamW is built on the shards."""
-        ranks = ShardedRanks if self.learner.sharding == "fsdp" else DataParallel
-        self.ranks = ranks.join(host, port, rank, world_size, self.device)
-        self.ranks.broadcast(self.weights.params)
-        self.weights.publish()
-        if self.learner.sharding == "fsdp":
+        the policy (and reference) are sharded instead, and AdamW is built on the shards: every rank
+        loaded the same model.path with the same seed (LoRA's initial adapters), so the shards fit
+        together (tested: the group's first checksum is one learner's)."""
+        if self.learner.sharding == "none":
+            self.ranks = DataParallel.join(host, port, rank, world_size, self.device)
+            self.ranks.broadcast(self.weights.params)
+            self.weights.publish()
+        else:
+            self.ranks = ShardedRanks.join(host, port, rank, world_size, self.device)
             self.weights = ShardedWeights(self.policy, self.dtype, self.learner.offload,
                                           getattr(self.weights, "layers", None))
             if isinstance(self.reference, torch.nn.Module):  # LoRA's reference is the policy itself
