@@ -64,7 +64,8 @@ def groups():
 
 
 def unsharded(overrides):
-    return [item for item in overrides if item != "learner.sharding=fsdp"]
+    """The same config for one unsharded learner."""
+    return [item for item in overrides if not item.startswith(("learner.sharding=", "learner.offload="))]
 
 
 def assert_one_rank_update(groups, overrides, ranks, atol=1e-5, **step):
