@@ -18,7 +18,6 @@ bucket, each rank holding one bucket's full tensors at a time.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator
 
 import torch
@@ -27,6 +26,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from torch.distributed.tensor import DTensor
 
 from grpo_dist.learner.distributed import DataParallel
+from grpo_dist.weights.checksum import stream_checksum
 
 BASE_LAYER = ".base_layer"
 
@@ -145,12 +145,7 @@ class ShardedWeights:
 
     def checksum(self) -> str:
         """`state_checksum` of the served weights, gathered one tensor at a time in name order."""
-        digest = hashlib.sha256()
-        for name in sorted(self.served_names()):
-            tensor = self.gather([name])[name].to("cpu").contiguous()
-            digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
-            digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
-        return digest.hexdigest()
+        return stream_checksum((name, self.gather([name])[name]) for name in sorted(self.served_names()))
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         raise NotImplementedError("a sharded policy has no whole state dict: use buckets()")
