@@ -26,6 +26,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from torch.distributed.tensor import DTensor
 
 from grpo_dist.learner.distributed import DataParallel
+from grpo_dist.weights.buckets import plan_buckets
 from grpo_dist.weights.checksum import stream_checksum
 
 BASE_LAYER = ".base_layer"
@@ -138,8 +139,6 @@ class ShardedWeights:
 
     def buckets(self, bucket_bytes: int, dtype: torch.dtype | None = None) -> Iterator[dict[str, torch.Tensor]]:
         """The served weights, gathered a bucket of at most `bucket_bytes` at a time (a larger tensor alone)."""
-        from grpo_dist.weights.buckets import plan_buckets
-
         for bucket in plan_buckets(self.served_names(), bucket_bytes):
             yield self.gather([slot.name for slot in bucket.slots], dtype)
 
