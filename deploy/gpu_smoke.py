@@ -15,6 +15,9 @@ weights, per step, then the run's summary.
 NCCL cannot place two ranks on one GPU, so the NCCL sync needs two GPUs (learner on one,
 engine on the other). On a single GPU the trainer's `weight_sync: auto` picks the object
 store (fractional GPUs), which is what the CPU path uses; the script says which it got.
+
+With three or more GPUs the learner runs sharded (`learner.sharding=fsdp`) over all GPUs but
+the engine's, one whole GPU per rank (`--learner-ranks` sets another number; 1: unsharded).
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sync-timeout-s", type=float, default=120.0)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     parser.add_argument("--output-dir", default=None, help="where the run directory goes (default: a temporary one)")
+    parser.add_argument("--learner-ranks", type=int, default=None,
+                        help="fsdp learner ranks, a GPU each (default: every GPU but the engine's when >= 3)")
     parser.add_argument("--dry-run", action="store_true", help="build and save the model, plan buckets, stop")
     return parser.parse_args(argv)
 
@@ -90,7 +95,9 @@ def smoke_config(args: argparse.Namespace, folder: Path, gpus: int, output_dir: 
     from grpo_dist.config import load_config
 
     share = 1.0 if gpus >= 2 else 0.5 if gpus == 1 else 0.0
-    return load_config(None, [
+    ranks = args.learner_ranks or (gpus - 1 if gpus >= 3 else 1)
+    sharded = [f"learner.num_ranks={ranks}", "learner.sharding=fsdp"] if ranks > 1 else []
+    return load_config(None, [*sharded,
         f"model.path={folder}", "model.dtype=bfloat16",
         f"data.train={folder / 'train.jsonl'}", f"data.eval={folder / 'eval.jsonl'}",
         f"rollout.engine={args.engine}", f"rollout.num_gpus={share}", f"rollout.num_cpus={1 if share else 0.5}",
@@ -137,7 +144,8 @@ def run(args: argparse.Namespace, folder: Path) -> dict:
     gpus = torch.cuda.device_count()
     output_dir = Path(args.output_dir or folder / "runs")
     config = smoke_config(args, folder, gpus, output_dir)
-    print(f"{gpus} GPU(s); engine {args.engine}; weight sync {resolve_weight_sync(config)}; mode {args.mode}")
+    print(f"{gpus} GPU(s); engine {args.engine}; weight sync {resolve_weight_sync(config)}; mode {args.mode}; "
+          f"learner ranks {config.learner.num_ranks}, sharding {config.learner.sharding}")
     ray.init(include_dashboard=False)
     try:
         summary = Trainer(config, output_dir / "gpu_smoke").run()

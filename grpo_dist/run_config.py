@@ -1,6 +1,7 @@
 """How a run executes: the controller's loop (trainer.*), the cluster (cluster.*), the vLLM
-engine (rollout.vllm.*), and what each actor reserves (the resource fields and bundle check
-of the rollout, reward and learner sections); and Section, the strict base of every section.
+engine (rollout.vllm.*), the learner's ranks and memory (learner.*), and what each actor
+reserves (the resource fields and bundle check of the rollout, reward and learner sections);
+and Section, the strict base of every section.
 
 config.py composes these into `Config`; import that from there.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class Section(BaseModel):
@@ -127,3 +128,63 @@ class ClusterConfig(Section):
         "flight are sent again, a rollout worker gets the current weights first (docs/checkpoints.md); the learner "
         "is never restarted"
     )
+
+
+class LoraConfig(Section):
+    """LoRA adapters through peft: W x + (alpha / rank) B A x, with B = 0 at the start."""
+
+    rank: int = Field(8, ge=1, description="LoRA rank r")
+    alpha: float = Field(16.0, gt=0, description="LoRA alpha; the adapter's output is scaled by alpha / rank")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapter's input in the grad pass "
+                           "(> 0 makes pi_old differ from the sampler's policy)")
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        "all-linear", description="module names to adapt (e.g. [q_proj, v_proj]), or all-linear (every linear "
+        "layer but the output head)"
+    )
+
+
+class LearnerConfig(Section):
+    num_cpus: float = Field(1.0, ge=0, description="Ray CPUs of the learner actor (of each rank)")
+    num_gpus: float = Field(0.0, ge=0, description="GPUs of the learner actor (of each rank); a fraction shares a "
+                            "GPU with rollout workers")
+    resources: dict[str, float] = resources_field("learner rank")
+    node_labels: dict[str, str] = node_labels_field("learner rank")
+    num_ranks: int = Field(
+        1, ge=1, description="data-parallel learner ranks: Ray actors in one placement group, each taking its share "
+        "of every batch (gloo on CPUs, NCCL on GPUs); rank 0 exports weights"
+    )
+    collective_timeout_s: float = Field(
+        300.0, gt=0, description="with num_ranks > 1: a collective (gradient all-reduce) whose peer rank died or hung "
+        "fails after this; the controller hears of a death from Ray within seconds either way"
+    )
+    sharding: Literal["none", "fsdp"] = Field(
+        "none", description="none: every rank holds the whole policy; fsdp: FSDP2 shards parameters, gradients and "
+        "AdamW state over the num_ranks ranks (docs/scaling.md)")
+    offload: Literal["none", "all"] = Field("none", description="fsdp: all keeps the shards and AdamW on the CPU")
+    lora: LoraConfig | None = Field(
+        None, description="train LoRA adapters (peft) on a frozen base instead of every weight; null: full training"
+    )
+
+    @field_validator("lora")
+    @classmethod
+    def _peft_installed(cls, value: LoraConfig | None) -> LoraConfig | None:
+        if value is not None and importlib.util.find_spec("peft") is None:
+            raise ValueError("peft is not installed: pip install -e '.[lora]', or set learner.lora=null")
+        return value
+    threads: int = Field(2, ge=1, description="torch threads (CPU)")
+    micro_batch_size: int | None = Field(
+        None, ge=1, description="sequences per forward/backward (gradients accumulate exactly); null: all at once"
+    )
+    max_tokens_per_micro_batch: int | None = Field(
+        None, ge=1, description="padded tokens (sequences x longest) per forward/backward; a longer sequence goes alone"
+    )
+    gradient_checkpointing: bool = Field(False, description="recompute activations in backward: less memory, more time")
+
+    @model_validator(mode="after")
+    def _actor_reserves_resources(self) -> LearnerConfig:
+        check_bundle("learner", self.num_cpus, self.num_gpus, self.resources,
+                     f"each of the learner.num_ranks={self.num_ranks} learner ranks")
+        if self.sharding == "fsdp" and self.num_ranks < 2 or self.offload != "none" and self.sharding != "fsdp":
+            raise ValueError(f"learner.sharding=fsdp needs learner.num_ranks >= 2 (got {self.num_ranks}), and "
+                             f"learner.offload={self.offload} needs learner.sharding=fsdp (got {self.sharding})")
+        return self

@@ -15,7 +15,7 @@ from ray.util.placement_group import placement_group_table
 
 from conftest import small_config
 from grpo_dist.controller.loop import Trainer
-from grpo_dist.learner.group import LearnerGroup, offer_learner_methods, start_learner, unrouted
+from grpo_dist.learner.group import ROUTES, LearnerGroup, offer_learner_methods, start_learner, unrouted
 from grpo_dist.learner.worker import Learner
 from grpo_dist.waits import CallTimeout
 from grpo_dist.weights.checksum import state_checksum
@@ -93,6 +93,7 @@ def fake_group(*slow: tuple[str, ...], timeout_s: float = 30.0) -> LearnerGroup:
     group = LearnerGroup.__new__(LearnerGroup)  # no placement group, no real ranks
     group.ranks = [FakeRank.remote(index, rank_slow) for index, rank_slow in enumerate(slow)]
     group.timeout_s = timeout_s
+    group.routes = ROUTES
     return group
 
 

@@ -203,13 +203,15 @@ def test_async_a_killed_rollout_worker_and_a_frozen_one_are_restarted_and_no_gro
     assert 0 <= min(lags) and max(lags) == bound, lags
 
 
-def test_a_dead_learner_rank_ends_the_run_within_seconds_with_the_resume_command(tmp_path):
+@pytest.mark.parametrize("sharding", ["none", "fsdp"])
+def test_a_dead_learner_rank_ends_the_run_within_seconds_with_the_resume_command(tmp_path, sharding):
     """learner.num_ranks=2, one rank killed (preferably in train_step): Ray tells the group's wait
     at once (it fails fast on the first rank it loses), long before trainer.call_timeout_s (600 s
-    here, the default) or learner.collective_timeout_s, where its peer may be stuck."""
+    here, the default) or learner.collective_timeout_s, where its peer may be stuck. With fsdp the
+    checkpoint before it is the sharded one (each rank's shards, sealed by COMPLETE)."""
     where, run_dir, log = run_dir_and_log(tmp_path)
     run = start(*SMALL, *where, "trainer.steps=1000", "learner.num_ranks=2", "learner.num_cpus=0.5",
-                "rollout.num_workers=1", "trainer.checkpoint_every=2", log=log)
+                f"learner.sharding={sharding}", "rollout.num_workers=1", "trainer.checkpoint_every=2", log=log)
     try:
         wait_for(lambda: (run_dir / "checkpoints" / "step_000002" / "COMPLETE").is_file(), run)
         kill_actor("Learner", root_pid=run.pid)
@@ -225,7 +227,8 @@ def test_a_dead_learner_rank_ends_the_run_within_seconds_with_the_resume_command
     _, step, checkpoint, saved, resume_dir = found.groups()
     assert int(saved) >= 2 and int(step) > int(saved) and Path(resume_dir) == run_dir
     assert (Path(checkpoint) / "COMPLETE").is_file()
-    assert took < 30, took
+    assert (Path(checkpoint) / "shards").is_dir() == (sharding == "fsdp")
+    assert took < 45, took
 
 
 def test_steps_whose_loss_is_never_finite_stop_the_run_with_a_checkpoint(tmp_path):

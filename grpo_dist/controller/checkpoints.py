@@ -55,10 +55,11 @@ RESUMABLE = (
     "trainer.weight_sync", "trainer.weight_sync_timeout_s", "trainer.weight_sync_bucket_mb",
     "cluster", "data.eval", "data.eval_rows",
     # the learner's placement and how it splits a batch (micro-batching is exact); not learner.lora,
-    # which decides what is trained (its rank and alpha shape the adapters a checkpoint holds)
+    # which decides what is trained (its rank and alpha shape the adapters a checkpoint holds), nor
+    # learner.sharding, whose checkpoints differ (fsdp: shards/ that reshard to any learner.num_ranks)
     "learner.num_cpus", "learner.num_gpus", "learner.resources", "learner.node_labels", "learner.num_ranks",
     "learner.threads", "learner.micro_batch_size", "learner.max_tokens_per_micro_batch",
-    "learner.gradient_checkpointing",
+    "learner.gradient_checkpointing", "learner.offload",
     "rollout.engine", "rollout.placement", "rollout.num_workers", "rollout.num_cpus",
     "rollout.num_gpus", "rollout.threads", "rollout.vllm",
     "reward.num_workers", "reward.num_cpus", "reward.num_gpus", "reward.processes",

@@ -54,6 +54,10 @@ class DataParallel:
         order = rows[torch.argsort(lengths[rows], descending=True, stable=True)]
         return order[self.rank :: self.world_size]
 
+    def pad(self, parts: list[torch.Tensor]) -> list[torch.Tensor | None]:
+        """The micro-batches to run: these (ranks may run different numbers; sharded.py pads them)."""
+        return parts
+
     def sum(self, tensor: torch.Tensor) -> torch.Tensor:
         """The elementwise sum over ranks, in place (and returned)."""
         if self.world_size > 1:

@@ -11,7 +11,8 @@ GPUs) and offers the Learner's methods:
   largest of any rank.
 - checksum: every rank's, which must agree (every rank holds the same weights).
 - every other Learner method as `ROUTES` says: rank 0 alone, or every rank (rank 0's
-  result). A public Learner method that is neither routed nor defined here (nor the group's
+  result); with learner.sharding=fsdp as `SHARDED_ROUTES` says (every method that reads the
+  whole policy runs on every rank: it gathers shards). A public Learner method that is neither routed nor defined here (nor the group's
   own, `join_ranks`) is an error when this module is imported.
 - close(): ends the ranks and the placement group the group made.
 
@@ -59,6 +60,10 @@ ROUTES: dict[str, Route] = {
     "write_probe": "rank 0",
     "load_state": "every rank",
 }
+# With learner.sharding=fsdp each rank holds a shard: whatever reads the whole policy is a
+# collective that every rank must join (rank 0 alone sends, writes and answers).
+SHARDED_ROUTES: dict[str, Route] = {**ROUTES, **dict.fromkeys(
+    ("logprobs", "export_weights", "send_weights", "save", "save_state"), "every rank")}
 GROUP_ONLY = {"join_ranks"}  # the group joins its ranks itself; the controller never calls it
 
 
@@ -98,6 +103,7 @@ class LearnerGroup:
                  seed: int, total_steps: int | None = None, placement: PlacementGroup | None = None,
                  timeout_s: float = 600.0) -> None:
         self.timeout_s = timeout_s
+        self.routes = SHARDED_ROUTES if learner.sharding == "fsdp" else ROUTES
         self.owns_placement = placement is None
         self.placement = placement or placement_group(learner_bundles(learner), strategy="PACK")
         rank_cls = ray.remote(Learner)
@@ -139,13 +145,13 @@ class LearnerGroup:
             remove_placement_group(self.placement)
 
 
-def forwarding(method: str, route: Route) -> Callable[..., Any]:
-    """A LearnerGroup method that runs the Learner's `method` as `route` says (its name,
-    signature and docstring are the Learner's)."""
+def forwarding(method: str) -> Callable[..., Any]:
+    """A LearnerGroup method that runs the Learner's `method` as the group's routes say (ROUTES, or
+    SHARDED_ROUTES under fsdp; its name, signature and docstring are the Learner's)."""
 
     @functools.wraps(getattr(Learner, method))
     def forward(self: LearnerGroup, *args: Any, **kwargs: Any) -> Any:
-        return self.call(method, route, *args, **kwargs)
+        return self.call(method, self.routes[method], *args, **kwargs)
 
     return forward
 
@@ -159,10 +165,10 @@ def unrouted(learner_cls: type, group_cls: type) -> list[str]:
 def offer_learner_methods(group_cls: type) -> None:
     """Give `group_cls` a forwarding method for each of ROUTES; TypeError if that leaves out a
     public Learner method (so that a new one cannot be forgotten) or overrides one of its own."""
-    for method, route in ROUTES.items():
+    for method in ROUTES:
         if method in vars(group_cls):
             raise TypeError(f"{group_cls.__name__}.{method} is both defined and in ROUTES: drop one")
-        setattr(group_cls, method, forwarding(method, route))
+        setattr(group_cls, method, forwarding(method))
     if missing := unrouted(Learner, group_cls):
         raise TypeError(f"{group_cls.__name__} does not offer the Learner's {missing}: add them to ROUTES "
                         "(learner/group.py)")

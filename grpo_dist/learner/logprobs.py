@@ -25,14 +25,18 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
 
 
 @torch.no_grad()
-def batch_logprobs(model: torch.nn.Module, batch: TrainBatch, micro_batches: list[torch.Tensor],
+def batch_logprobs(model: torch.nn.Module, batch: TrainBatch, micro_batches: list[torch.Tensor | None],
                    temperature: float, device: torch.device | str) -> torch.Tensor:
     """`token_logprobs` of every row of `batch`, one micro-batch at a time, [B, L-1] on the CPU.
 
-    0 where the mask is 0 (prompt and padding positions).
+    0 where the mask is 0 (prompt and padding positions). A None micro-batch is an empty one
+    (sharded ranks run the same passes): a pass on row 0 whose result is dropped.
     """
     values = torch.zeros_like(batch.mask)
     for rows in micro_batches:
+        if rows is None:
+            token_logprobs(model, *(t.to(device) for t in (batch.input_ids[:1], batch.attention_mask[:1])), temperature)
+            continue
         micro = batch.select(rows).to(device)
         logprobs, _ = token_logprobs(model, micro.input_ids, micro.attention_mask, temperature)
         values[rows, : logprobs.shape[1]] = logprobs.cpu()

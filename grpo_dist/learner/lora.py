@@ -25,7 +25,7 @@ from peft import PeftModel, get_peft_model, set_peft_model_state_dict
 from peft.tuners.lora import LoraLayer
 from peft.utils import load_peft_weights
 
-from grpo_dist.config import LoraConfig
+from grpo_dist.run_config import LoraConfig
 
 ADAPTER = "adapter"  # the adapter's folder inside a saved policy
 BASE_LAYER = ".base_layer"

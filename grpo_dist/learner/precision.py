@@ -29,7 +29,7 @@ from typing import Protocol
 
 import torch
 
-from grpo_dist.config import LoraConfig
+from grpo_dist.run_config import LoraConfig
 from grpo_dist.dtypes import DTYPES
 from grpo_dist.models import load_causal_lm
 

@@ -21,19 +21,21 @@ import torch
 
 from grpo_dist import grpo
 from grpo_dist.config import AlgoConfig, LearnerConfig, ModelConfig, RolloutConfig
-from grpo_dist.learner import state
+from grpo_dist.dtypes import DTYPES
+from grpo_dist.learner import sharded_state, state
 from grpo_dist.learner.batch import TrainBatch
 from grpo_dist.learner.distributed import DataParallel
 from grpo_dist.learner.logprobs import batch_logprobs, token_logprobs
 from grpo_dist.learner.metrics import StepStats, advantage_metrics, sampler_agreement
 from grpo_dist.learner.precision import load_policy, load_reference
 from grpo_dist.learner.schedule import make_scheduler
+from grpo_dist.learner.sharded import ShardedRanks, ShardedWeights, copy_shards, full, shard
 from grpo_dist.learner.weight_group import WeightGroup
 from grpo_dist.memory import peak_mb, reset_peak
 from grpo_dist.models import load_tokenizer
 from grpo_dist.types import Group
 from grpo_dist.weights import nccl
-from grpo_dist.weights.buckets import Bucket, plan_buckets
+from grpo_dist.weights.buckets import DEFAULT_BUCKET_BYTES, Bucket, plan_buckets
 from grpo_dist.weights.checksum import export_state_dict, state_checksum
 
 
@@ -48,7 +50,11 @@ class Learner:
         self.device = "cuda" if learner.num_gpus > 0 and torch.cuda.is_available() else "cpu"
         self.algo, self.learner, self.rollout = algo, learner, rollout
         self.tokenizer = load_tokenizer(model.path)
-        self.weights = load_policy(model.path, model.dtype, self.device, learner.gradient_checkpointing, learner.lora)
+        self.dtype, self.total_steps = DTYPES[model.dtype], total_steps
+        # fsdp: a float32 policy (LoRA: a float32 base) in host memory, sharded in join_ranks, which
+        # moves only this rank's shards to the device; the shards become the masters
+        compute, self.load_device = ("float32", "cpu") if learner.sharding == "fsdp" else (model.dtype, self.device)
+        self.weights = load_policy(model.path, compute, self.load_device, learner.gradient_checkpointing, learner.lora)
         self.policy = self.weights.model  # computes pi_theta; in model.dtype (LoRA: the adapters in float32)
         self.reference = self._reference(model) if algo.beta > 0 else None
         self.optimizer = torch.optim.AdamW(self.weights.params, lr=algo.lr, weight_decay=algo.weight_decay)
@@ -66,7 +72,7 @@ class Learner:
             from grpo_dist.learner.lora import BasePolicy
 
             return BasePolicy(self.policy)
-        return load_reference(model.path, model.dtype, self.device)
+        return load_reference(model.path, model.dtype, self.load_device)
 
     def train_step(self, *chunks: list[Group], max_groups: int | None = None) -> dict[str, float]:
         """One GRPO update on the scored groups of every chunk, the first `max_groups` of them
@@ -120,8 +126,14 @@ class Learner:
         # Every micro-batch's loss (on every rank) is divided by D of all `rows`: the sum is the loss of `rows`.
         denominator = grpo.loss_denominator(batch.mask[rows], self.algo.aggregation, self.rollout.max_new_tokens)
         self.weights.zero_grad()
-        for micro_rows in batch.micro_batches(self.ranks.shard(rows, batch.lengths), self.learner.micro_batch_size,
-                                              self.learner.max_tokens_per_micro_batch):
+        for micro_rows in self.ranks.pad(batch.micro_batches(self.ranks.shard(rows, batch.lengths),
+                                                             self.learner.micro_batch_size,
+                                                             self.learner.max_tokens_per_micro_batch)):
+            if micro_rows is None:  # fsdp: an empty micro-batch, so that every rank runs the same collectives
+                micro = batch.select(rows[:1]).to(self.device)
+                logprobs, _ = token_logprobs(self.policy, micro.input_ids, micro.attention_mask, self.rollout.temperature)
+                (logprobs.sum() * 0.0).backward()
+                continue
             micro = batch.select(micro_rows).to(self.device)
             logprobs, entropy = token_logprobs(self.policy, micro.input_ids, micro.attention_mask,
                                                self.rollout.temperature, with_entropy=True)
@@ -149,7 +161,7 @@ class Learner:
             stats.add_micro_batch(loss.detach(), micro_stats, entropy, micro.mask)
         self.ranks.sum_grads(self.weights.params)  # every rank: the gradient of all `rows`
         stats.sum_losses(self.ranks)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.weights.params, self.algo.max_grad_norm).item()
+        grad_norm = full(torch.nn.utils.clip_grad_norm_(self.weights.params, self.algo.max_grad_norm)).item()
         skipped = not (math.isfinite(stats.loss) and math.isfinite(grad_norm))
         if skipped:  # weights and AdamW's moments stay as they were
             self.weights.zero_grad()
@@ -168,7 +180,8 @@ class Learner:
     def _logprobs(self, model: Callable[..., Any], batch: TrainBatch, rows: torch.Tensor | None = None) -> torch.Tensor:
         """A no-grad pass over `rows` (all by default), micro-batched like the grad pass; 0 elsewhere."""
         rows = torch.arange(len(batch)) if rows is None else rows
-        micro_batches = batch.micro_batches(rows, self.learner.micro_batch_size, self.learner.max_tokens_per_micro_batch)
+        micro_batches = self.ranks.pad(batch.micro_batches(rows, self.learner.micro_batch_size,
+                                                           self.learner.max_tokens_per_micro_batch))
         return batch_logprobs(model, batch, micro_batches, self.rollout.temperature, self.device)
 
     def _shared_logprobs(self, model: Callable[..., Any], batch: TrainBatch) -> torch.Tensor:
@@ -178,7 +191,11 @@ class Learner:
     def _refresh_reference(self) -> None:
         """Every algo.ref_refresh_every versions pi_ref becomes the policy: the served weights, copied."""
         every = self.algo.ref_refresh_every
-        if every is not None and self.version % every == 0:
+        if every is None or self.version % every:
+            return
+        if self.sharded:
+            copy_shards(self.reference, self.policy)  # sharded alike: shard by shard, rounded to model.dtype
+        else:
             self.reference.load_state_dict(self.weights.served_state_dict())
 
     def logprobs(self, groups: list[Group]) -> list[list[list[float]]]:
@@ -196,13 +213,29 @@ class Learner:
 
     # ------------------------------------------------------------ weights to the engines
 
-    def export_weights(self) -> dict[str, torch.Tensor]:
-        """The weights the engines serve (model.dtype; LoRA: merged); through Ray they land in the object store once."""
-        return export_state_dict(self.weights.served_state_dict())
+    @property
+    def sharded(self) -> bool:
+        return isinstance(self.weights, ShardedWeights)
+
+    def export_weights(self, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> dict[str, torch.Tensor] | list[Any] | None:
+        """The weights the engines serve (model.dtype; LoRA: merged); through Ray they land in the object store once.
+
+        Sharded (every rank calls it): gathered a bucket at a time, each put in the object store
+        by rank 0 before the next is gathered; rank 0 returns the buckets' ObjectRefs, the others None.
+        """
+        if not self.sharded:
+            return export_state_dict(self.weights.served_state_dict())
+        import ray
+
+        refs = []
+        for bucket in self.weights.buckets(bucket_bytes):  # a collective: every rank gathers each bucket
+            if self.ranks.rank == 0:
+                refs.append(ray.put(bucket))
+        return refs if self.ranks.rank == 0 else None
 
     def checksum(self) -> str:
-        """`state_checksum` of what `export_weights` returns."""
-        return state_checksum(self.weights.served_state_dict())
+        """`state_checksum` of what `export_weights` returns (sharded: every rank calls it)."""
+        return self.weights.checksum() if self.sharded else state_checksum(self.weights.served_state_dict())
 
     def weight_group_address(self) -> tuple[str, int]:
         """Where this node can serve a rendezvous (its IP, a free port): the weight group's, or the ranks'."""
@@ -215,11 +248,18 @@ class Learner:
 
     def weight_plan(self, bucket_bytes: int) -> list[Bucket]:
         """How `send_weights` packs the state dict; every receiver needs the same plan."""
-        return plan_buckets(self.weights.served_state_dict(), bucket_bytes)
+        return plan_buckets(self.weights.served_names() if self.sharded else self.weights.served_state_dict(),
+                            bucket_bytes)
 
     def send_weights(self, buckets: list[Bucket]) -> None:
         """Broadcast the served weights over the weight group; returns when they have left."""
-        self.weight_group.send(self.weights.served_state_dict(), buckets)
+        if not self.sharded:
+            self.weight_group.send(self.weights.served_state_dict(), buckets)
+            return
+        for bucket in buckets:  # every rank gathers the bucket; rank 0 sends it before the next is gathered
+            tensors = self.weights.gather([slot.name for slot in bucket.slots])
+            if self.ranks.rank == 0:
+                self.weight_group.send(tensors, [bucket])
 
     def leave_weight_group(self) -> None:
         self.weight_group.leave()
@@ -228,10 +268,25 @@ class Learner:
 
     def join_ranks(self, host: str, port: int, rank: int, world_size: int) -> None:
         """Become rank `rank` of `world_size` (rank 0 serves the rendezvous at host:port; NCCL on a
-        GPU, gloo on the CPU); rank 0's weights are broadcast to every rank."""
-        self.ranks = DataParallel.join(host, port, rank, world_size, self.device, self.learner.collective_timeout_s)
-        self.ranks.broadcast(self.weights.params)
-        self.weights.publish()
+        GPU, gloo on the CPU); rank 0's weights are broadcast to every rank. With learner.sharding=fsdp
+        the policy (and reference) are sharded instead, and AdamW is built on the shards: every rank
+        loaded the same model.path with the same seed (LoRA's initial adapters), so the shards fit
+        together (tested: the group's first checksum is one learner's)."""
+        if self.learner.sharding == "none":
+            self.ranks = DataParallel.join(host, port, rank, world_size, self.device,
+                                            self.learner.collective_timeout_s)
+            self.ranks.broadcast(self.weights.params)
+            self.weights.publish()
+        else:
+            self.ranks = ShardedRanks.join(host, port, rank, world_size, self.device,
+                                            self.learner.collective_timeout_s)
+            self.weights = ShardedWeights(self.policy, self.dtype, self.learner.offload,
+                                          getattr(self.weights, "layers", None))
+            if isinstance(self.reference, torch.nn.Module):  # LoRA's reference is the policy itself
+                shard(self.reference, None, self.learner.offload, inference=True)
+            self.optimizer = torch.optim.AdamW(self.weights.params, lr=self.algo.lr,
+                                               weight_decay=self.algo.weight_decay)
+            self.scheduler = make_scheduler(self.optimizer, self.algo, self.total_steps)
 
     # ------------------------------------------------------------ saving
 
@@ -240,6 +295,10 @@ class Learner:
         counters = {"version": self.version, "optimizer_steps": self.optimizer_steps,
                     "skipped_steps": self.skipped_steps}
         refreshed = self.reference if self.algo.ref_refresh_every is not None else None
+        if self.sharded:  # every rank writes its shards
+            sharded_state.save_state(Path(directory), self.weights, self.tokenizer, self.optimizer, self.scheduler,
+                                     refreshed, self.generator, counters, self.ranks.rank)
+            return
         state.save_state(Path(directory), self.weights, self.tokenizer, self.optimizer, self.scheduler, refreshed,
                          self.generator, counters)
 
@@ -247,8 +306,8 @@ class Learner:
         """Continue from `save_state`'s directory, in a learner built from the same config; returns
         the policy version restored."""
         refreshed = self.reference if self.algo.ref_refresh_every is not None else None
-        counters = state.load_state(Path(directory), self.weights, self.optimizer, self.scheduler, refreshed,
-                                    self.generator)
+        counters = (sharded_state if self.sharded else state).load_state(
+            Path(directory), self.weights, self.optimizer, self.scheduler, refreshed, self.generator)
         self.version = counters["version"]
         self.optimizer_steps, self.skipped_steps = counters["optimizer_steps"], counters["skipped_steps"]
         return self.version
@@ -260,4 +319,6 @@ class Learner:
     def save(self, path: str) -> str:
         """Write the policy (float32 masters; LoRA: merged, and the adapter) and tokenizer to `path`,
         replacing a folder there atomically (`state.write_policy`)."""
+        if self.sharded:  # every rank gathers, rank 0 writes
+            return str(sharded_state.write_policy(self.weights, self.tokenizer, Path(path), self.ranks.rank))
         return str(state.write_policy(self.weights, self.tokenizer, Path(path)))

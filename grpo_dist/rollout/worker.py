@@ -91,9 +91,13 @@ class RolloutWorker:
         self.load_s, self.env_sums = 0.0, {}
         return groups, info
 
-    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int, verify: bool = True) -> str | None:
-        """Load a new policy version in place; returns the checksum of what is now served."""
+    def load_weights(self, state_dict: dict[str, torch.Tensor] | list[ray.ObjectRef], version: int,
+                     verify: bool = True) -> str | None:
+        """Load a new policy version in place; returns the checksum of what is now served. A list:
+        a sharded learner's buckets (learner/sharded.py), each an ObjectRef to part of the state dict."""
         started = time.perf_counter()
+        if isinstance(state_dict, list):
+            state_dict = {name: tensor for bucket in ray.get(state_dict) for name, tensor in bucket.items()}
         self.engine.load_weights(state_dict)
         self.load_s += time.perf_counter() - started
         self.version = version
