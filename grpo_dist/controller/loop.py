@@ -196,6 +196,7 @@ class Trainer:
                     with timeline.phase("restore"):
                         self.restore_learner()
                 steps = self.train(log, started)
+                timeline.ending()  # (already, after the last step; an early stop ends here)
                 after = math.nan
                 if self.stop_signal is None:
                     with timeline.phase("eval_after"):
