@@ -37,6 +37,7 @@ def unpack(ref: str, into: Path) -> Path:
 
 def one_run(root: Path, steps: int, out: Path) -> dict[str, float]:
     command = [sys.executable, "-m", "grpo_dist.launch", f"trainer.steps={steps}", f"trainer.output_dir={out}",
+               "cluster.address=local",  # never another user's running cluster
                "trainer.run_name=run", "trainer.progress=false"]
     spawned = time.time()
     result = subprocess.run(command, cwd=root, capture_output=True, text=True,

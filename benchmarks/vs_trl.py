@@ -55,7 +55,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def run_ours(steps: int, workdir: Path) -> dict[str, Any]:
     """The default job with evaluations before and after only, as a user launches it."""
     command = [sys.executable, "-m", "grpo_dist.launch", f"trainer.steps={steps}", "trainer.eval_every=0",
-               f"trainer.output_dir={workdir}", "trainer.run_name=ours", "trainer.progress=false"]
+               f"trainer.output_dir={workdir}", "trainer.run_name=ours", "trainer.progress=false",
+               "cluster.address=local"]  # a cluster of its own, never another user's running one
     started = time.time()
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
