@@ -47,8 +47,9 @@ def one_run(root: Path, steps: int, out: Path) -> dict[str, float]:
         raise RuntimeError(result.stderr[-3000:])
     records = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if r["kind"] == "train"]
-    return {"first_step_s": train[0]["time/learn_ended"] - spawned, "last_step_to_exit_s": ended - train[-1][
-        "time/learn_ended"], "step_s": statistics.median(r["time/step_s"] for r in train[1:]), "wall_s": ended - spawned}
+    return {"first_step_s": train[0]["time/learn_ended"] - spawned,
+            "last_step_to_exit_s": ended - train[-1]["time/learn_ended"],
+            "step_s": statistics.median(r["time/step_s"] for r in train[1:]), "wall_s": ended - spawned}
 
 
 def main() -> None:

@@ -167,8 +167,9 @@ def trl_worker(steps: int, out: Path) -> None:
 
 
 def table(results: dict[str, dict[str, Any]], steps: int) -> str:
-    rows = [("wall s", "wall_s", 1), ("first optimizer step s", "first_step_s", 1), ("s per step (median)", "step_s", 3),
-            ("accuracy before", "accuracy_before", 3), ("accuracy after", "accuracy_after", 3)]
+    rows = [("wall s", "wall_s", 1), ("first optimizer step s", "first_step_s", 1),
+            ("s per step (median)", "step_s", 3), ("accuracy before", "accuracy_before", 3),
+            ("accuracy after", "accuracy_after", 3)]
     names = list(results)
     lines = [f"{steps} steps | " + " | ".join(names) + (" | TRL / ours" if len(names) == 2 else ""),
              "---|" + "---|" * len(names) + ("---" if len(names) == 2 else "")]
