@@ -100,10 +100,21 @@ def require_ray(address: str, source: str) -> str:
     return address
 
 
+def ray_environment(join: str | None) -> None:
+    """The environment Ray reads when it is first imported (connect_ray says why); launch sets
+    it before anything else may import ray."""
+    if join is None:
+        os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+        # what controller/actors.BY_REFERENCE sets per actor; here every process inherits it
+        os.environ["RAY_max_direct_call_object_size"] = "0"
+    os.environ.setdefault("RAY_DEDUP_LOGS", "1")
+
+
 def connect_ray(config: Config, join: str | None) -> None:
     """Join the cluster at `join` (choose_cluster's answer, asked first: a dead address costs
     seconds, not the imports before this), or with None start a local one that listens on
-    127.0.0.1 only, with the dashboard when its packages are installed (its URL is printed);
+    127.0.0.1 only, with the dashboard when cluster.dashboard asks and its packages are
+    installed (its URL is printed);
     then StartError, within seconds, when the cluster cannot hold the run's actors at all.
 
     A local cluster gets cluster.num_cpus logical CPUs, or when that is not set as many as the
@@ -116,17 +127,16 @@ def connect_ray(config: Config, join: str | None) -> None:
     driver), and for every process the cluster starts (they inherit the environment). Ray's
     token authentication stays as Ray sets it.
     """
-    if join is None:
-        os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    os.environ.setdefault("RAY_DEDUP_LOGS", "1")
+    ray_environment(join)
     import ray
     from ray._private import ray_constants
 
     common = {"namespace": config.cluster.namespace, "log_to_driver": True}
-    if join is None:  # the dashboard (and the Jobs API) starts where ray[default] is installed
+    if join is None:  # the dashboard (and the Jobs API) only when asked: a local run does without them
         ray_constants.ENABLE_RAY_CLUSTER = False
         cpus = config.cluster.num_cpus or max(os.cpu_count() or 1, math.ceil(required_resources(config)["CPU"]))
-        context = ray.init(address="local", num_cpus=cpus, dashboard_host="127.0.0.1", **common)
+        context = ray.init(address="local", num_cpus=cpus, include_dashboard=config.cluster.dashboard,
+                           dashboard_host="127.0.0.1", **common)
         if context.dashboard_url:
             print(f"Ray dashboard: http://{context.dashboard_url}", file=sys.stderr)
     else:

@@ -183,14 +183,39 @@ def policy_loss(
     denominator: float | None = None,
     ratio_level: RatioLevel = "token",
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The clipped GRPO objective with an optional KL penalty to a reference policy.
+    """The clipped GRPO objective with an optional KL penalty to a reference policy: the
+    arguments and the loss of `policy_loss_terms`, its statistics as floats (one host read)."""
+    loss, stats = policy_loss_terms(logprobs, old_logprobs, advantages, mask, ref_logprobs, beta, clip_low, clip_high,
+                                    aggregation, max_tokens, sampler_logprobs, tis_cap, denominator, ratio_level)
+    return loss, dict(zip(stats, torch.stack(list(stats.values())).tolist()))
+
+
+def policy_loss_terms(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    ref_logprobs: torch.Tensor | None = None,
+    beta: float = 0.0,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    aggregation: Aggregation = "token_mean",
+    max_tokens: int | None = None,
+    sampler_logprobs: torch.Tensor | None = None,
+    tis_cap: float | None = None,
+    denominator: float | None = None,
+    ratio_level: RatioLevel = "token",
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The clipped GRPO objective with an optional KL penalty to a reference policy; its
+    statistics stay 0-dim tensors on the inputs' device (no host sync: the learner reads them
+    once per optimizer step).
 
     logprobs (with grad), old_logprobs, ref_logprobs, sampler_logprobs and mask are [B, T];
     advantages is [B], one value per sequence broadcast over its tokens. With `tis_cap`, the
     policy term of each token is weighted by min(pi_old / pi_sampler, tis_cap). `denominator`
     is the whole batch's D when these rows are a micro-batch of it (see `aggregate`).
     `ratio_level="sequence"` is GSPO: every token of a sequence carries its sequence ratio s_i
-    (a row is never split, so micro-batches change nothing). Returns the scalar loss and float
+    (a row is never split, so micro-batches change nothing). Returns the scalar loss and the
     statistics: `policy_loss` (the loss without the KL term, same D) and means over the
     unmasked tokens (of s_i's, for GSPO).
     """
@@ -226,7 +251,7 @@ def policy_loss(
         per_token = per_token + beta * kl  # + beta * KL_k3
     loss = aggregate(per_token, mask, aggregation, max_tokens, denominator)
     stats = _loss_stats(ratio, adv, mask, clip_low, clip_high, kl)
-    stats["policy_loss"] = aggregate(policy_term.detach(), mask, aggregation, max_tokens, denominator).item()
+    stats["policy_loss"] = aggregate(policy_term.detach(), mask, aggregation, max_tokens, denominator)
     return loss, stats
 
 
@@ -238,18 +263,21 @@ def _loss_stats(
     clip_low: float,
     clip_high: float,
     kl: torch.Tensor | None,
-) -> dict[str, float]:
-    """Clip fraction (tokens where the clip removed the gradient), KL and ratio range."""
+) -> dict[str, torch.Tensor]:
+    """Clip fraction (tokens where the clip removed the gradient), KL and ratio range, as 0-dim
+    tensors computed with masks, never by selecting tokens (which reads their count on the host);
+    with no token: 0, 0 and a ratio of 1."""
     valid = mask.bool()
-    ratios = ratio[valid]
-    if ratios.numel() == 0:
-        return {"clip_fraction": 0.0, "kl": 0.0, "ratio_min": 1.0, "ratio_mean": 1.0, "ratio_max": 1.0}
-    advs = adv.expand_as(ratio)[valid]
-    clipped = ((ratios > 1 + clip_high) & (advs > 0)) | ((ratios < 1 - clip_low) & (advs < 0))
+    count = valid.sum()
+    some = count > 0
+    per_token = count.clamp(min=1).to(ratio.dtype)
+    advs = adv.expand_as(ratio)
+    clipped = valid & (((ratio > 1 + clip_high) & (advs > 0)) | ((ratio < 1 - clip_low) & (advs < 0)))
+    one = torch.ones((), dtype=ratio.dtype, device=ratio.device)
     return {
-        "clip_fraction": clipped.float().mean().item(),
-        "kl": kl[valid].mean().item() if kl is not None else 0.0,
-        "ratio_min": ratios.min().item(),
-        "ratio_mean": ratios.mean().item(),
-        "ratio_max": ratios.max().item(),
+        "clip_fraction": clipped.sum() / per_token,
+        "kl": torch.where(valid, kl, 0.0).sum() / per_token if kl is not None else torch.zeros_like(one),
+        "ratio_min": torch.where(some, torch.where(valid, ratio, torch.inf).min(), one),
+        "ratio_mean": torch.where(some, torch.where(valid, ratio, 0.0).sum() / per_token, one),
+        "ratio_max": torch.where(some, torch.where(valid, ratio, -torch.inf).max(), one),
     }

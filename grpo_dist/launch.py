@@ -17,15 +17,17 @@ import json
 import signal
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from grpo_dist.cluster import choose_cluster, connect_ray
+from grpo_dist.cluster import choose_cluster, connect_ray, ray_environment
 from grpo_dist.config import Config, ConfigError, dump_config, load_config
 from grpo_dist.controller.checkpoints import (Checkpoint, CheckpointError, check_resume_config, find_run,
                                               resume_checkpoint, resume_hint)
 from grpo_dist.controller.errors import FAILURES, StartError
-from grpo_dist.data import DataError, prepare_data
+from grpo_dist.data import DataError, PreparedData, prepare_data
+from grpo_dist.timeline import Timeline
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -80,30 +82,67 @@ def check_new_run_dir(run_dir: Path) -> None:
         )
 
 
+def prepare_and_import(config: Config) -> tuple[PreparedData, type]:
+    """The run's data (DataError when they are bad), then the Trainer class (its imports take seconds)."""
+    data = prepare_data(config)
+    from grpo_dist.controller.loop import Trainer
+
+    return data, Trainer
+
+
+def connect_or_error(config: Config, join: str | None) -> StartError | None:
+    """connect_ray, its StartError returned: a data error, found meanwhile, is told first."""
+    try:
+        connect_ray(config, join)
+    except StartError as exc:
+        return exc
+    return None
+
+
+def stop_ray() -> None:
+    """Stop Ray where a start error came after it had started."""
+    if "ray" in sys.modules:
+        import ray
+
+        ray.shutdown()
+
+
 def main(argv: list[str] | None = None) -> int:
+    timeline = Timeline()  # from the process start: the interpreter and these imports count
+    timeline.add("interpreter_and_imports", timeline.since_start())
     args = parse_args(argv)
     try:
-        plan = plan_run(args)
+        with timeline.phase("config"):
+            plan = plan_run(args)
         if args.print_config:
             print(dump_config(plan.config), end="")
             return 0
         if plan.checkpoint is None:
             check_new_run_dir(plan.run_dir)
-        join = choose_cluster(plan.config.cluster.address)  # a dead address exits here, in seconds
-        data = prepare_data(plan.config)  # bad data exits here, before Ray starts
-        from grpo_dist.controller.loop import Trainer  # (the learner's and engines' imports take seconds)
-
+        with timeline.phase("find_cluster"):
+            join = choose_cluster(plan.config.cluster.address)  # a dead address exits here, in seconds
+        ray_environment(join)  # before the data's imports may import ray
+        with ThreadPoolExecutor(1, thread_name_prefix="data") as pool:
+            # The data (the tokenizer's imports, tokenizing) are read while Ray starts: bad data
+            # exits before any actor starts, Ray stopped again. Then the trainer's imports (seconds).
+            data_read = pool.submit(prepare_and_import, plan.config)
+            with timeline.phase("ray_start_beside_data"):
+                connected = connect_or_error(plan.config, join)
+            with timeline.phase("data_after_ray_start"):
+                data, Trainer = data_read.result()
+            if isinstance(connected, StartError):
+                raise connected
         # a resume restores its data cursor here, once: a cursor over other data exits here too
-        trainer = Trainer(plan.config, plan.run_dir, data=data, resume=plan.checkpoint)
-        connect_ray(plan.config, join)
+        trainer = Trainer(plan.config, plan.run_dir, data=data, resume=plan.checkpoint, timeline=timeline)
     except (ConfigError, CheckpointError, DataError, StartError) as exc:
+        stop_ray()
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
     import ray
 
     try:
-        summary = trainer.run()
+        summary = trainer.run(wait_report=False)  # drawn while Ray shuts down (finish_summary waits)
     except FAILURES as exc:
         print(f"error: {exc}; {resume_hint(plan.run_dir)}", file=sys.stderr)
         return 1
@@ -111,7 +150,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"stopped: {exc or 'interrupted'}; {resume_hint(plan.run_dir)}", file=sys.stderr)
         return 128 + (trainer.stop_signal or signal.SIGINT)
     finally:
-        ray.shutdown()
+        with timeline.phase("ray_shutdown"):
+            ray.shutdown()
+    summary = trainer.finish_summary(summary)
     print(json.dumps(summary, indent=2))
     if trainer.stop_signal is not None:
         print(f"stopped by {summary['stopped_by']} after step {summary['steps']}; {resume_hint(plan.run_dir)}",

@@ -10,6 +10,7 @@ wall time. A metric the run did not log leaves its panel empty, with a note sayi
 from __future__ import annotations
 
 import json
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -157,15 +158,13 @@ def headline(run_dir: Path, train: list[dict[str, Any]], evals: list[dict[str, A
 
 def write_report(run_dir: Path, output: Path | None = None) -> Path:
     """Draw the report of `run_dir` into `output` (default RUN_DIR/report.png); returns the path."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # no pyplot: no global state, so any thread may draw
     from matplotlib.ticker import MaxNLocator
 
     train, evals = read_records(run_dir)
     output = output or run_dir / "report.png"
-    fig, axes = plt.subplots(2, 3, figsize=(15, 8), sharex=True)
+    fig = Figure(figsize=(15, 8))
+    axes = fig.subplots(2, 3, sharex=True)
     plot_reward(axes[0, 0], train, evals)
     notes = panel_notes(run_dir)
     for ax, panel in zip((axes[0, 1], axes[0, 2], axes[1, 0], axes[1, 1]), PANELS):
@@ -180,5 +179,14 @@ def write_report(run_dir: Path, output: Path | None = None) -> Path:
     fig.suptitle(headline(run_dir, train, evals))
     fig.tight_layout()
     fig.savefig(output, dpi=100)
-    plt.close(fig)
     return output
+
+
+def write_report_beside(run_dir: Path) -> Future:
+    """`write_report(run_dir)` in a thread of its own: seconds of drawing, off the run's path
+    (Trainer.run starts it once the metrics are complete; `result()` waits and re-raises)."""
+    pool = ThreadPoolExecutor(1, thread_name_prefix="report")
+    try:
+        return pool.submit(write_report, run_dir)
+    finally:
+        pool.shutdown(wait=False)

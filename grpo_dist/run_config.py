@@ -119,6 +119,8 @@ class ClusterConfig(Section):
     num_cpus: int | None = Field(None, ge=1, description="CPUs of a locally started cluster; null: what the "
                                  "run's actors reserve, at least the machine's cores")
     namespace: str = Field("grpo_dist", description="Ray namespace of the run's actors")
+    dashboard: bool = Field(False, description="a locally started cluster runs Ray's dashboard and Jobs API "
+                            "(seconds of CPU at its start; a cluster that is joined keeps its own)")
     actor_start_timeout_s: float = Field(
         600.0, gt=0, description="give up when actors cannot be placed, or when a restarted actor is not back "
         "within this time"

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from grpo_dist.grpo import (LOG_RATIO_BOUND, aggregate, group_advantages, importance_weight_stats, informative_groups,
-                            kl_k3, loss_denominator, policy_loss, truncated_importance_weights)
+                            kl_k3, loss_denominator, policy_loss, policy_loss_terms, truncated_importance_weights)
 
 
 def test_advantages_std_scale_match_hand_values():
@@ -365,3 +365,29 @@ def test_importance_weights_clamp_their_log_ratio_too():
     stats = importance_weight_stats(old, sampler, torch.ones(1, 2), cap=5.0)
     assert stats["is_weight_max"] == pytest.approx(E20, rel=1e-6)
     assert stats["is_weight_mean"] == pytest.approx((E20 + 3) / 2, rel=1e-6)
+
+
+def test_statistics_stay_tensors_and_match_the_selected_tokens():
+    """policy_loss_terms keeps its statistics as 0-dim tensors (no host read per micro-batch);
+    they equal the same statistics computed over the selected unmasked tokens, and a row
+    without tokens gives the defaults (no clip, ratio 1)."""
+    torch.manual_seed(0)
+    logp, old = torch.randn(3, 5) * 0.3, torch.randn(3, 5) * 0.3
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [0, 1, 1, 0, 0]])
+    adv, ref = torch.tensor([1.0, -1.0, 0.5]), torch.randn(3, 5) * 0.3
+    _, stats = policy_loss_terms(logp, old, adv, mask, ref_logprobs=ref, beta=0.1)
+    assert all(isinstance(v, torch.Tensor) and v.dim() == 0 for v in stats.values())
+    valid = mask.bool()
+    ratios = torch.exp(logp - old)[valid]
+    advs = adv.unsqueeze(1).expand(3, 5)[valid]
+    clipped = ((ratios > 1.2) & (advs > 0)) | ((ratios < 0.8) & (advs < 0))
+    assert stats["ratio_min"].item() == pytest.approx(ratios.min().item(), rel=1e-6)
+    assert stats["ratio_max"].item() == pytest.approx(ratios.max().item(), rel=1e-6)
+    assert stats["ratio_mean"].item() == pytest.approx(ratios.mean().item(), rel=1e-6)
+    assert stats["clip_fraction"].item() == pytest.approx(clipped.float().mean().item())
+    assert stats["kl"].item() == pytest.approx(kl_k3(logp, ref)[valid].mean().item(), rel=1e-6)
+    _, floats = policy_loss(logp, old, adv, mask, ref_logprobs=ref, beta=0.1)
+    assert floats == {key: value.item() for key, value in stats.items()}
+    _, empty = policy_loss(logp, old, adv, torch.zeros(3, 5))
+    assert {k: empty[k] for k in ("clip_fraction", "kl", "ratio_min", "ratio_mean", "ratio_max")} == {
+        "clip_fraction": 0.0, "kl": 0.0, "ratio_min": 1.0, "ratio_mean": 1.0, "ratio_max": 1.0}

@@ -239,7 +239,19 @@ def test_a_dead_recorded_cluster_costs_seconds_and_the_run_dir_holds_no_secret(d
             assert address in line and "starting a local cluster" in line
     assert run.wait(timeout=300) == 0, "".join(lines[-50:])
     assert any("is gone" in line for line in lines)
-    assert json.loads((tmp_path / "run" / "summary.json").read_text())["steps"] == 1
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["steps"] == 1
+    # the timeline: the start's phases add up to the first optimizer step, the end's to the exit
+    timeline = summary["timeline"]
+    assert {"ray_start_beside_data", "actors", "eval_before", "first_step"} <= set(timeline["start_s"])
+    assert {"eval_after", "stop_actors", "ray_shutdown"} <= set(timeline["end_s"])
+    assert set(timeline["actor_ready_s"]) == {"rollout worker 0", "reward actor 0", "learner"}
+    first, exit_s = timeline["first_optimizer_step_s"], timeline["exit_s"]
+    assert sum(timeline["start_s"].values()) == pytest.approx(first, abs=1.0)
+    assert timeline["final_eval_done_s"] + sum(timeline["end_s"].values()) - timeline["end_s"]["eval_after"] \
+        - timeline["end_s"].get("checkpoint", 0.0) == pytest.approx(exit_s, abs=1.0)
+    assert first < timeline["final_eval_done_s"] < exit_s <= time.monotonic() - started + 1.0
+    assert any(line.startswith("start: ") for line in lines) and any(line.startswith("end: ") for line in lines)
     for path in (tmp_path / "run").rglob("*"):
         if path.is_file():
             content = path.read_bytes()

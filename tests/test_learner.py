@@ -86,7 +86,8 @@ def test_micro_batches_give_the_whole_batch_update(aggregation, ratio_level):
         metrics = learner.train_step(batch)
         for got, want in zip(masters(learner), expected):
             torch.testing.assert_close(got, want, rtol=0, atol=1e-6, msg=lambda m: f"{split}: {m}")
-        for key in ("loss/total", "loss/policy", "loss/kl", "policy/entropy", "policy/clip_fraction"):
+        for key in ("loss/total", "loss/policy", "loss/kl", "policy/entropy", "policy/clip_fraction",
+                    "policy/ratio_min", "policy/ratio_mean", "policy/ratio_max"):
             assert metrics[key] == pytest.approx(expected_metrics[key], rel=1e-4, abs=1e-6), (split, key)
 
 
@@ -228,8 +229,8 @@ def test_bfloat16_micro_batches_accumulate_the_whole_batch_update(groups, monkey
     whole = update()
     assert whole.abs().max() > 0
     assert error(update("learner.micro_batch_size=3"), whole) < 0.02
-    policy_loss = grpo.policy_loss
-    monkeypatch.setattr(grpo, "policy_loss", lambda *args, denominator, **kwargs:
+    policy_loss = grpo.policy_loss_terms  # what the learner calls
+    monkeypatch.setattr(grpo, "policy_loss_terms", lambda *args, denominator, **kwargs:
                         policy_loss(*args, **kwargs))  # without the whole batch's D: the micro-batch's own
     assert error(update("learner.micro_batch_size=3"), whole) > 1.0
 

@@ -7,7 +7,9 @@ LearnerLost and an exception inside it into RunFailed, naming the stage and the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import ray
@@ -27,6 +29,14 @@ from grpo_dist.waits import ActorLost, CallTimeout, cause_line, fetch, first_lin
 BY_REFERENCE = {"env_vars": {"RAY_max_direct_call_object_size": "0"}}
 
 
+def by_reference_env() -> dict[str, Any]:
+    """The runtime environment that gives BY_REFERENCE: none where the driver's environment
+    already holds it, as in a local cluster connect_ray started (every process of it inherits
+    the driver's environment), which spares each actor a runtime-env set-up (about a second)."""
+    wanted = BY_REFERENCE["env_vars"]
+    return {} if all(os.environ.get(key) == value for key, value in wanted.items()) else BY_REFERENCE
+
+
 def actor_state(handle: Any) -> tuple[str, int]:
     """(state, restarts) of an actor in Ray's actor table: ALIVE, RESTARTING, DEAD, ...
 
@@ -43,19 +53,22 @@ class Actors:
     rewards: list[Any]
     learner: Any | None  # None for evaluation alone
     placements: dict[str, PlacementGroup]
+    ready_s: dict[str, float] = field(default_factory=dict)  # each actor's seconds from start() until constructed
+    started: float = field(default_factory=time.perf_counter)  # when start() began (perf_counter)
 
     @classmethod
     def start(cls, config: Config, learner: bool = True) -> Actors:
-        """Create every actor in a bundle of its role's placement group (placement.py), and wait
-        until all are constructed (NotPlaced names what the cluster lacks)."""
+        """Create every actor in a bundle of its role's placement group (placement.py), all at
+        once, and wait until all are constructed (NotPlaced names what the cluster lacks)."""
         seed = config.trainer.seed
+        clock = time.perf_counter()
         placed = {role.name: (role, create_placement_group(role))
                   for role in roles(config) if learner or role.name != "learner"}
 
         def options(name: str, index: int) -> dict:
             role, group = placed[name]
             # Ray never runs a call of theirs again by itself (recovery.py says why).
-            restarted = {"runtime_env": BY_REFERENCE, "max_restarts": config.cluster.max_restarts,
+            restarted = {"runtime_env": by_reference_env(), "max_restarts": config.cluster.max_restarts,
                          "max_task_retries": 0}
             return {**role.actor_options(group, index), **restarted}
 
@@ -70,6 +83,7 @@ class Actors:
             learner=start_learner(config, placement=placed["learner"][1]) if learner else None,  # rank i in bundle i
             placements={name: group for name, (_, group) in placed.items()},
         )
+        actors.started = clock
         actors.wait_ready(config.cluster.actor_start_timeout_s)
         return actors
 
@@ -78,13 +92,20 @@ class Actors:
         return [*self.rollouts, *self.rewards, *([self.learner] if self.learner is not None else [])]
 
     def wait_ready(self, timeout_s: float) -> None:
-        """Block until every actor is constructed; name the resources when some cannot be placed."""
+        """Block until every actor is constructed; name the resources when some cannot be placed.
+        `ready_s` gets each actor's seconds from `start` until it was."""
         names = ([f"rollout worker {i}: start" for i in range(len(self.rollouts))]
                  + [f"reward actor {i}: start" for i in range(len(self.rewards))]
                  + (["learner: start"] if self.learner is not None else []))
+        clock = self.started
+        refs = [actor.__ray_ready__.remote() for actor in self.every]
+        pending, deadline = list(refs), time.perf_counter() + timeout_s
+        while pending and time.perf_counter() < deadline:  # when each is ready; fetch below judges them
+            done, pending = ray.wait(pending, timeout=max(deadline - time.perf_counter(), 0.0))
+            for ref in done:
+                self.ready_s[names[refs.index(ref)].removesuffix(": start")] = round(time.perf_counter() - clock, 3)
         try:
-            fetch([actor.__ray_ready__.remote() for actor in self.every], names, timeout_s,
-                  limit="cluster.actor_start_timeout_s")
+            fetch(refs, names, max(deadline - time.perf_counter(), 0.0), limit="cluster.actor_start_timeout_s")
         except CallTimeout as late:
             waiting = unplaced(self.placements)
             self.stop()

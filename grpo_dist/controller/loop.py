@@ -40,6 +40,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -59,8 +60,9 @@ from grpo_dist.controller.signals import stop_on_signals
 from grpo_dist.data import PreparedData, PromptCursor, prepare_data
 from grpo_dist.evaluation import evaluate, standard_error
 from grpo_dist.metrics import MetricsLog
-from grpo_dist.plots import write_report
+from grpo_dist.plots import write_report_beside
 from grpo_dist.rollout.sampling import sampling_settings
+from grpo_dist.timeline import Timeline
 from grpo_dist.types import Group, Prompt, SamplingSettings
 from grpo_dist.waits import ActorLost, CallTimeout, ObjectLost, fetch, first_line
 from grpo_dist.weights import WeightSync, make_weight_sync
@@ -78,11 +80,13 @@ class Trainer:
     """
 
     def __init__(self, config: Config, run_dir: Path, data: PreparedData | None = None,
-                 resume: Checkpoint | None = None) -> None:
+                 resume: Checkpoint | None = None, timeline: Timeline | None = None) -> None:
         """`data`: the prompts launch prepared before Ray started; prepared here when not given.
         `resume`: the checkpoint to continue from; its data cursor is restored here, before Ray
-        starts (CheckpointError when this run's data differ)."""
+        starts (CheckpointError when this run's data differ). `timeline`: where the seconds of
+        the run's start and end are recorded (launch's, counting from the command)."""
         self.config = config
+        self.timeline = timeline or Timeline()
         self.run_dir = run_dir
         data = data if data is not None else prepare_data(config)
         self.train_prompts, self.eval_prompts = data.train, data.eval
@@ -114,6 +118,7 @@ class Trainer:
         self.step_clock: float | None = None  # when the current step began (the previous one ended)
         self.stop_signal: int | None = None  # the first SIGINT/SIGTERM received
         self.saved: tuple[int, Path] | None = None  # the step and path of the latest checkpoint
+        self.report: Future | None = None  # report.png, drawn in a thread while the actors and Ray stop
 
     @property
     def version(self) -> int:
@@ -129,10 +134,13 @@ class Trainer:
         """Start the actors, the weight transport (`trainer.weight_sync`, built by `weight_sync`),
         the supervisor and the pipeline."""
         config, trainer = self.config, self.config.trainer
-        self.actors = Actors.start(config)
+        with self.timeline.phase("actors"):
+            self.actors = Actors.start(config)
+        self.timeline.details["actor_ready_s"] = self.actors.ready_s
         try:
-            self.sync = weight_sync(config, self.actors.learner, self.actors.rollouts)
-            self.sync.setup()
+            with self.timeline.phase("weight_sync_setup"):
+                self.sync = weight_sync(config, self.actors.learner, self.actors.rollouts)
+                self.sync.setup()
         except BaseException:
             self.stop()
             raise
@@ -159,36 +167,52 @@ class Trainer:
         if self.actors is not None:
             self.actors.stop()
 
-    def run(self) -> dict[str, Any]:
-        """Train, evaluate and save; the summary says `stopped_by` when a signal stopped the run."""
+    def run(self, wait_report: bool = True) -> dict[str, Any]:
+        """Train, evaluate and save; the summary says `stopped_by` when a signal stopped the run.
+        With `wait_report` False report.png may still be drawn when this returns: `finish_summary`
+        waits for it (launch: while Ray shuts down)."""
         started = time.time()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(dump_config(self.config))
         records = self.resume.restore_metrics(self.run_dir) if self.resume is not None else []
         started -= records[-1]["wall_s"] if records else 0.0  # wall_s goes on from where the run was
         before = next((r["eval/accuracy"] for r in records if r["kind"] == "eval" and r["step"] == 0), math.nan)
-        log = MetricsLog(self.run_dir, self.config, started, None if self.resume is None else self.first_step - 1)
+        timeline = self.timeline
+        with timeline.phase("loggers"):
+            log = MetricsLog(self.run_dir, self.config, started, None if self.resume is None else self.first_step - 1)
         with stop_on_signals(self.request_stop):
             self.start()
             try:
-                engines = sorted({d["engine"] for d in self.call([w.describe.remote() for w in self.actors.rollouts],
-                                                                 "rollout workers: describe")})
-                self.check_shared_storage()
+                with timeline.phase("describe_and_storage_check"):
+                    engines = sorted({d["engine"] for d in self.call(
+                        [w.describe.remote() for w in self.actors.rollouts], "rollout workers: describe")})
+                    self.check_shared_storage()
                 if self.resume is None:
-                    self.verify_weights()
-                    before = self.evaluate(step=0, log=log)
+                    with timeline.phase("first_weight_check"):
+                        self.verify_weights()
+                    with timeline.phase("eval_before"):
+                        before = self.evaluate(step=0, log=log)
                 else:
-                    self.restore_learner()
+                    with timeline.phase("restore"):
+                        self.restore_learner()
                 steps = self.train(log, started)
+                timeline.ending()  # (already, after the last step; an early stop ends here)
                 after = math.nan
                 if self.stop_signal is None:
-                    after = self.evaluate(step=steps, log=log)
-                    if self.config.trainer.save_final:
+                    with timeline.phase("eval_after"):
+                        after = self.evaluate(step=steps, log=log)
+                    timeline.mark("final_eval_done")
+                self.report = write_report_beside(self.run_dir)  # metrics.jsonl is complete
+                if self.stop_signal is None and self.config.trainer.save_final:
+                    with timeline.phase("save_final"):
                         self.learner.call(self.actors.learner.save.remote(str(self.run_dir / "final")), "save")
             finally:
-                log.close()
-                self.stop()
-        write_report(self.run_dir)
+                with timeline.phase("close_logs"):
+                    log.close()
+                with timeline.phase("stop_actors"):
+                    self.stop()
+        if wait_report:
+            self.wait_report()
         summary = {
             "eval_accuracy_before": before,
             "eval_accuracy_after": after,
@@ -206,8 +230,25 @@ class Trainer:
         }
         if self.stop_signal is not None:
             summary["stopped_by"] = signal.Signals(self.stop_signal).name
+        summary["timeline"] = timeline.summary()
         write_json_atomic(self.run_dir / "summary.json", summary)
         return summary
+
+    def finish_summary(self, summary: dict[str, Any]) -> dict[str, Any]:
+        """`summary` with the timeline up to now (launch calls it after Ray has shut down),
+        written to summary.json again; the end's breakdown goes to the console."""
+        self.wait_report()
+        summary = {**summary, "timeline": self.timeline.exit()}
+        write_json_atomic(self.run_dir / "summary.json", summary)
+        print(Timeline.line("end", self.timeline.end), file=sys.stderr)
+        return summary
+
+    def wait_report(self) -> None:
+        """Until report.png is written (raises what drawing it raised)."""
+        if self.report is not None:
+            with self.timeline.phase("report_wait"):
+                self.report.result()
+            self.report = None
 
     def request_stop(self, signum: int) -> None:
         """The first SIGINT/SIGTERM: finish the step in progress, save a checkpoint, return."""
@@ -224,6 +265,10 @@ class Trainer:
             step += 1
             metrics = self.step(step)
             log.log(step, metrics)
+            if step == self.first_step:
+                log.note(self.timeline.first_step(metrics["time/step_s"], metrics.get("time/learn_ended")))
+            if step == trainer.steps:
+                self.timeline.ending()
             if metrics.get("rollout/dynamic_groups") == 0:
                 log.note(f"step {step}: no informative group in {metrics['rollout/dynamic_rounds']:.0f} rounds "
                          f"(algo.dynamic_sampling_max_rounds): no update, the policy stays version {self.version}")
@@ -237,7 +282,8 @@ class Trainer:
             bad = self.counters[BAD_STEPS] >= trainer.max_bad_steps
             every = trainer.checkpoint_every and step % trainer.checkpoint_every == 0
             if every or step == trainer.steps or out_of_time or bad or self.stop_signal is not None:
-                self.save(step)
+                with self.timeline.phase("checkpoint"):
+                    self.save(step)
             if bad:
                 raise TooManyBadSteps(
                     f"steps {step - trainer.max_bad_steps + 1}-{step} had a loss or gradient that is not finite "

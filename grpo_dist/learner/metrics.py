@@ -18,7 +18,9 @@ class StepStats:
 
     Token means (KL, clip fraction, ratio, entropy) are weighted by each micro-batch's
     completion tokens; losses are summed within an optimizer step (every micro-batch's loss
-    is already divided by the whole minibatch's D) and averaged over the steps.
+    is already divided by the whole minibatch's D) and averaged over the steps. The sums stay
+    tensors on the learner's device, read on the host once per optimizer step (`sum_losses`)
+    and once per train_step (`sum_tokens`): a micro-batch adds no host sync.
     """
 
     TOKEN_MEANS = {"kl": "loss/kl", "clip_fraction": "policy/clip_fraction", "ratio_mean": "policy/ratio_mean",
@@ -28,29 +30,46 @@ class StepStats:
         self.tokens = 0.0
         self.token_sums = dict.fromkeys(self.TOKEN_MEANS, 0.0)
         self.ratio_min, self.ratio_max = math.inf, -math.inf
-        self.loss = self.policy_loss = 0.0  # of the optimizer step in progress
+        self.loss = self.policy_loss = 0.0  # of the optimizer step in progress (floats after sum_losses)
         self.updates: list[tuple[float, float, float, bool]] = []  # (loss, policy loss, grad norm, skipped)
+        # on the device until read: [loss, policy loss] of the optimizer step in progress, and
+        # [tokens, *token_sums, -ratio_min, ratio_max] of the whole train_step
+        self.step_sums: torch.Tensor | None = None
+        self.token_parts: torch.Tensor | None = None
 
-    def add_micro_batch(self, loss: torch.Tensor, stats: dict[str, float], entropy: torch.Tensor,
+    def add_micro_batch(self, loss: torch.Tensor, stats: dict[str, torch.Tensor], entropy: torch.Tensor,
                         mask: torch.Tensor) -> None:
+        """A micro-batch's loss and grpo.policy_loss_terms statistics, all 0-dim tensors: added on the device."""
         valid = mask.bool()
-        tokens = float(valid.sum())
-        stats = {**stats, "entropy": entropy[valid].mean().item() if tokens else 0.0}
-        for key in self.TOKEN_MEANS:
-            self.token_sums[key] += stats[key] * tokens
-        self.tokens += tokens
-        if tokens:
-            self.ratio_min, self.ratio_max = min(self.ratio_min, stats["ratio_min"]), max(self.ratio_max, stats["ratio_max"])
-        self.loss += loss.item()
-        self.policy_loss += stats["policy_loss"]
+        tokens = valid.sum().to(torch.float64)
+        entropy_mean = torch.where(valid, entropy.detach(), 0.0).sum() / tokens.clamp(min=1)
+        stats = {**stats, "entropy": entropy_mean}
+        some = tokens > 0  # an empty micro-batch leaves the ratio range alone
+        parts = torch.stack([tokens, *(stats[key].to(torch.float64) * tokens for key in self.TOKEN_MEANS),
+                             torch.where(some, -stats["ratio_min"].to(torch.float64), -math.inf),
+                             torch.where(some, stats["ratio_max"].to(torch.float64), -math.inf)])
+        if self.token_parts is None:
+            self.token_parts = parts
+        else:  # sums, and maxima of (-min, max)
+            self.token_parts = torch.cat([self.token_parts[:-2] + parts[:-2],
+                                          torch.maximum(self.token_parts[-2:], parts[-2:])])
+        losses = torch.stack([loss.detach(), stats["policy_loss"]]).to(torch.float64)
+        self.step_sums = losses if self.step_sums is None else self.step_sums + losses
 
     def sum_losses(self, ranks: DataParallel) -> None:
-        """The optimizer step's loss: the sum of every rank's part (each already divided by the global D)."""
-        losses = ranks.sum(torch.tensor([self.loss, self.policy_loss], dtype=torch.float64))
-        self.loss, self.policy_loss = losses.tolist()
+        """The optimizer step's loss: the sum of every rank's part (each already divided by the
+        global D), read on the host here, once per optimizer step."""
+        losses = torch.zeros(2, dtype=torch.float64) if self.step_sums is None else self.step_sums
+        self.loss, self.policy_loss = ranks.sum(losses).tolist()
+        self.step_sums = None
 
     def sum_tokens(self, ranks: DataParallel) -> None:
         """Token counts and token-weighted sums of every rank, and the ratio range over all of them."""
+        if self.token_parts is not None:
+            parts = self.token_parts.tolist()  # the one read of the step's token statistics
+            self.tokens = parts[0]
+            self.token_sums = dict(zip(self.token_sums, parts[1:-2]))
+            self.ratio_min, self.ratio_max = -parts[-2], parts[-1]
         sums = ranks.sum(torch.tensor([self.tokens, *self.token_sums.values()], dtype=torch.float64)).tolist()
         self.tokens, self.token_sums = sums[0], dict(zip(self.token_sums, sums[1:]))
         self.ratio_min, self.ratio_max = ranks.min_max(self.ratio_min, self.ratio_max)

@@ -140,7 +140,7 @@ class Learner:
             if fill_old:
                 micro.old_logprobs = torch.where(micro.mask.bool(), logprobs.detach(), 0.0)
                 batch.old_logprobs[micro_rows, : logprobs.shape[1]] = micro.old_logprobs.cpu()
-            loss, micro_stats = grpo.policy_loss(
+            loss, micro_stats = grpo.policy_loss_terms(
                 logprobs,
                 micro.old_logprobs,
                 micro.advantages,

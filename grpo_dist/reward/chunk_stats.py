@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import math
 
-import torch
-
-from grpo_dist.grpo import informative_groups
 from grpo_dist.types import Group
 
 FAILURES = "/failures"
@@ -85,5 +82,9 @@ def informative(groups: list[Group]) -> list[bool]:
     compares them for its advantages (so a group kept here never gets zero advantages there)."""
     if not groups:
         return []
+    import torch  # here: a reward actor imports torch only for dynamic sampling (seconds at its start)
+
+    from grpo_dist.grpo import informative_groups
+
     rewards = torch.tensor([reward for group in groups for reward in group.rewards], dtype=torch.float32)
     return informative_groups(rewards, len(groups[0].rewards)).tolist()

@@ -91,6 +91,9 @@ class VLLMEngine:
                 include_stop_str_in_output=True,  # the text is decoded from token_ids anyway
                 logprobs=0,  # the sampled token's logprob only
                 detokenize=bool(sampling.stop),  # text comes from the tokenizer, see _to_completion
+                # each is made for its one request: vLLM need not deep-copy it per request (it
+                # does unless told; measured 0.27 ms each, 0.55 s for a step's 2048 requests)
+                skip_clone=True,
             )
             for _, seed in rows
         ]

@@ -1,0 +1,78 @@
+"""Seconds from the command to the first optimizer step, and from the last step to exit:
+this checkout against a baseline commit, the default job, alternating, in one invocation.
+
+    .venv/bin/python benchmarks/startup.py [--baseline main] [--steps 10] [--repeats 2]
+
+Both are measured from outside, the same way for each: the command starts at the time the
+process is spawned; the first optimizer step ends at step 1's `time/learn_ended` in
+metrics.jsonl (unix seconds, written by the learner); the last step ends at the last step's
+`time/learn_ended`, and exit is when the process has ended (the final evaluation, saving, the
+report and Ray's shutdown lie between). The baseline is `git archive BASELINE` unpacked in a
+temporary folder and run with the same interpreter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from io import BytesIO
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def unpack(ref: str, into: Path) -> Path:
+    archive = subprocess.run(["git", "archive", ref], cwd=ROOT, capture_output=True, check=True).stdout
+    with tarfile.open(fileobj=BytesIO(archive)) as tar:
+        tar.extractall(into, filter="data")
+    return into
+
+
+def one_run(root: Path, steps: int, out: Path) -> dict[str, float]:
+    command = [sys.executable, "-m", "grpo_dist.launch", f"trainer.steps={steps}", f"trainer.output_dir={out}",
+               "cluster.address=local",  # never another user's running cluster
+               "trainer.run_name=run", "trainer.progress=false"]
+    spawned = time.time()
+    result = subprocess.run(command, cwd=root, capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": str(root)})
+    ended = time.time()
+    if result.returncode != 0:
+        raise RuntimeError(result.stderr[-3000:])
+    records = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["kind"] == "train"]
+    return {"first_step_s": train[0]["time/learn_ended"] - spawned,
+            "last_step_to_exit_s": ended - train[-1]["time/learn_ended"],
+            "step_s": statistics.median(r["time/step_s"] for r in train[1:]), "wall_s": ended - spawned}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--baseline", default="main", help="git ref of the baseline")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args()
+    runs: dict[str, list[dict[str, float]]] = {"baseline": [], "this": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        roots = {"baseline": unpack(args.baseline, Path(tmp) / "baseline"), "this": ROOT}
+        for repeat in range(args.repeats):
+            for name, root in roots.items():
+                result = one_run(root, args.steps, Path(tmp) / f"{name}-{repeat}")
+                runs[name].append(result)
+                print(name, json.dumps({k: round(v, 2) for k, v in result.items()}), flush=True)
+    keys = ("first_step_s", "last_step_to_exit_s", "step_s", "wall_s")
+    print(f"\nmedians over {args.repeats} runs each | baseline ({args.baseline}) | this | this / baseline")
+    print("---|---|---|---")
+    for key in keys:
+        base, this = (statistics.median(r[key] for r in runs[name]) for name in ("baseline", "this"))
+        print(f"{key} | {base:.2f} | {this:.2f} | {this / base:.2f}")
+
+
+if __name__ == "__main__":
+    main()
