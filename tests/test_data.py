@@ -3,12 +3,15 @@ errors that name the source, the row and the field before anything starts."""
 
 import json
 import subprocess
+import time
 import sys
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
+from faults import session_processes
 
 from gsm8k_helpers import ROWS, write_gsm8k
 from grpo_dist.config import load_config
@@ -172,10 +175,19 @@ def test_eval_rows_and_the_cursor():
     ('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2=", "answer": \n', "rows.jsonl:2: not valid JSON"),
     ('{"prompt": "1+1=", "answer": "2"}\n{"question": "2+2=", "answer": "4"}\n', "rows.jsonl:2: no field 'prompt'"),
 ])
-def test_the_cli_exits_2_on_bad_data_before_ray_starts(tmp_path, content, message):
+def test_the_cli_exits_2_on_bad_data_before_any_actor_starts(tmp_path, content, message):
+    """Ray starts while the data are read (docs/speed.md): bad data is exit 2 with one message,
+    the last line; Ray is stopped again, no actor ran, no process of the run is left, nothing is written."""
     (tmp_path / "rows.jsonl").write_text(content)
-    result = subprocess.run([sys.executable, "-m", "grpo_dist.launch", f"data.train={tmp_path / 'rows.jsonl'}",
-                             "cluster.address=local"], capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert result.returncode == 2, result.stderr[-2000:]
-    assert message in result.stderr and "error:" in result.stderr
-    assert "Ray" not in result.stderr + result.stdout  # nothing was started
+    run = subprocess.Popen([sys.executable, "-m", "grpo_dist.launch", f"data.train={tmp_path / 'rows.jsonl'}",
+                            "cluster.address=local", f"trainer.output_dir={tmp_path / 'runs'}"], cwd=ROOT,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    stdout, stderr = run.communicate(timeout=300)
+    assert run.returncode == 2, stderr[-2000:]
+    assert message in stderr and stderr.strip().splitlines()[-1].startswith("error: ")
+    assert "ray::" not in stdout + stderr and "(pid=" not in stdout + stderr  # no actor said anything
+    deadline = time.monotonic() + 30
+    while session_processes(run.pid) and time.monotonic() < deadline:  # Ray's processes end with the driver
+        time.sleep(0.2)
+    assert not session_processes(run.pid)
+    assert not (tmp_path / "runs").exists()

@@ -21,7 +21,7 @@ from grpo_dist.controller.placement import create_placement_group, roles, unplac
 from grpo_dist.learner.group import start_learner
 from grpo_dist.reward.worker import RewardWorker
 from grpo_dist.rollout.worker import RolloutWorker
-from grpo_dist.waits import ActorLost, CallTimeout, cause_line, fetch, first_line
+from grpo_dist.waits import ActorLost, cause_line, fetch, first_line, timeout_error
 
 # Runtime environment of the rollout and reward actors: every return value is put in the
 # object store (the threshold under which Ray inlines it into the caller is 0 bytes), so the
@@ -104,16 +104,17 @@ class Actors:
             done, pending = ray.wait(pending, timeout=max(deadline - time.perf_counter(), 0.0))
             for ref in done:
                 self.ready_s[names[refs.index(ref)].removesuffix(": start")] = round(time.perf_counter() - clock, 3)
-        try:
-            fetch(refs, names, max(deadline - time.perf_counter(), 0.0), limit="cluster.actor_start_timeout_s")
-        except CallTimeout as late:
+        if pending:
+            late = timeout_error(refs, names, pending, timeout_s, limit="cluster.actor_start_timeout_s")
             waiting = unplaced(self.placements)
             self.stop()
             raise NotPlaced(
                 f"{late}; placement groups not placed: {', '.join(waiting) or 'none'}; the cluster has "
                 f"{ray.available_resources()} available of {ray.cluster_resources()}: lower the "
                 "num_cpus/num_gpus/resources of rollout, reward and learner, drop node_labels no node carries, "
-                "or add nodes") from None
+                "or add nodes")
+        try:
+            ray.get(refs)
         except ray.exceptions.RayError as failed:  # a constructor's exception
             self.stop()
             raise RunFailed(f"an actor failed to start: {cause_line(failed)}") from None
