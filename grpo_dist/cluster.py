@@ -105,8 +105,6 @@ def ray_environment(join: str | None) -> None:
     it before anything else may import ray."""
     if join is None:
         os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-        # what controller/actors.BY_REFERENCE sets per actor; here every process inherits it
-        os.environ["RAY_max_direct_call_object_size"] = "0"
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")
 
 

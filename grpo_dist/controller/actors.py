@@ -7,7 +7,6 @@ LearnerLost and an exception inside it into RunFailed, naming the stage and the 
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,14 +26,6 @@ from grpo_dist.waits import ActorLost, cause_line, fetch, first_line, timeout_er
 # object store (the threshold under which Ray inlines it into the caller is 0 bytes), so the
 # driver holds references, never groups (pipeline.py).
 BY_REFERENCE = {"env_vars": {"RAY_max_direct_call_object_size": "0"}}
-
-
-def by_reference_env() -> dict[str, Any]:
-    """The runtime environment that gives BY_REFERENCE: none where the driver's environment
-    already holds it, as in a local cluster connect_ray started (every process of it inherits
-    the driver's environment), which spares each actor a runtime-env set-up (about a second)."""
-    wanted = BY_REFERENCE["env_vars"]
-    return {} if all(os.environ.get(key) == value for key, value in wanted.items()) else BY_REFERENCE
 
 
 def actor_state(handle: Any) -> tuple[str, int]:
@@ -68,7 +59,7 @@ class Actors:
         def options(name: str, index: int) -> dict:
             role, group = placed[name]
             # Ray never runs a call of theirs again by itself (recovery.py says why).
-            restarted = {"runtime_env": by_reference_env(), "max_restarts": config.cluster.max_restarts,
+            restarted = {"runtime_env": BY_REFERENCE, "max_restarts": config.cluster.max_restarts,
                          "max_task_retries": 0}
             return {**role.actor_options(group, index), **restarted}
 
