@@ -36,7 +36,7 @@ bounds nothing changes; beyond them the value is e^(+-20) and the gradient throu
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -167,26 +167,10 @@ def importance_weight_stats(
             "is_capped_fraction": capped}
 
 
-def policy_loss(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    ref_logprobs: torch.Tensor | None = None,
-    beta: float = 0.0,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    aggregation: Aggregation = "token_mean",
-    max_tokens: int | None = None,
-    sampler_logprobs: torch.Tensor | None = None,
-    tis_cap: float | None = None,
-    denominator: float | None = None,
-    ratio_level: RatioLevel = "token",
-) -> tuple[torch.Tensor, dict[str, float]]:
+def policy_loss(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, dict[str, float]]:
     """The clipped GRPO objective with an optional KL penalty to a reference policy: the
     arguments and the loss of `policy_loss_terms`, its statistics as floats (one host read)."""
-    loss, stats = policy_loss_terms(logprobs, old_logprobs, advantages, mask, ref_logprobs, beta, clip_low, clip_high,
-                                    aggregation, max_tokens, sampler_logprobs, tis_cap, denominator, ratio_level)
+    loss, stats = policy_loss_terms(*args, **kwargs)
     return loss, dict(zip(stats, torch.stack(list(stats.values())).tolist()))
 
 
