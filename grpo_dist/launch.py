@@ -6,7 +6,8 @@ command that resumes from it); 2 the run could not start: an invalid config or d
 directory that holds another run, a checkpoint that is incomplete, was made with a config that
 differs in a field that decides what is trained, or with other training data, a Ray address
 that does not answer, a cluster too small for the run's actors. Code 2 comes with one
-message, before any actor starts and before anything is written. 128 + N: stopped by signal N (SIGINT 130, SIGTERM 143): the first one
+message, before anything is written; actors started meanwhile (they start while the data are
+read) are stopped with Ray. 128 + N: stopped by signal N (SIGINT 130, SIGTERM 143): the first one
 lets the step in progress finish and saves a checkpoint, a second stops at once.
 """
 
@@ -26,7 +27,7 @@ from grpo_dist.config import Config, ConfigError, dump_config, load_config
 from grpo_dist.controller.checkpoints import (Checkpoint, CheckpointError, check_resume_config, find_run,
                                               resume_checkpoint, resume_hint)
 from grpo_dist.controller.errors import FAILURES, StartError
-from grpo_dist.data import DataError, PreparedData, prepare_data
+from grpo_dist.data import DataError, prepare_data
 from grpo_dist.timeline import Timeline
 
 
@@ -82,12 +83,13 @@ def check_new_run_dir(run_dir: Path) -> None:
         )
 
 
-def prepare_and_import(config: Config) -> tuple[PreparedData, type]:
-    """The run's data (DataError when they are bad), then the Trainer class (its imports take seconds)."""
-    data = prepare_data(config)
+def import_trainer() -> tuple[type, type]:
+    """The Trainer and Actors classes: their imports (torch, transformers, the actors' modules)
+    take seconds."""
+    from grpo_dist.controller.actors import Actors
     from grpo_dist.controller.loop import Trainer
 
-    return data, Trainer
+    return Trainer, Actors
 
 
 def connect_or_error(config: Config, join: str | None) -> StartError | None:
@@ -123,17 +125,27 @@ def main(argv: list[str] | None = None) -> int:
             join = choose_cluster(plan.config.cluster.address)  # a dead address exits here, in seconds
         ray_environment(join)  # before the data's imports may import ray
         with ThreadPoolExecutor(1, thread_name_prefix="data") as pool:
-            # The data (the tokenizer's imports, tokenizing) are read while Ray starts: bad data
-            # exits before any actor starts, Ray stopped again. Then the trainer's imports (seconds).
-            data_read = pool.submit(prepare_and_import, plan.config)
+            # While Ray starts, one thread imports the trainer, then reads the data (the tokenizer,
+            # tokenizing); the actors are created once both Ray and the imports are there, and
+            # start (their own imports, model loads) while the data are still read. Bad data is
+            # exit 2 all the same: Ray is stopped, and the actors with it (stop_ray).
+            imported = pool.submit(import_trainer)
+            data_read = pool.submit(prepare_data, plan.config)  # after the imports: one thread imports
             with timeline.phase("ray_start_beside_data"):
                 connected = connect_or_error(plan.config, join)
+            with timeline.phase("trainer_imports_after_ray_start"):
+                Trainer, Actors = imported.result()
+            actors = None
+            if connected is None:
+                with timeline.phase("actors_created"):
+                    actors = Actors.create(plan.config)
             with timeline.phase("data_after_ray_start"):
-                data, Trainer = data_read.result()
+                data = data_read.result()
             if isinstance(connected, StartError):
                 raise connected
         # a resume restores its data cursor here, once: a cursor over other data exits here too
-        trainer = Trainer(plan.config, plan.run_dir, data=data, resume=plan.checkpoint, timeline=timeline)
+        trainer = Trainer(plan.config, plan.run_dir, data=data, resume=plan.checkpoint, timeline=timeline,
+                          actors=actors)
     except (ConfigError, CheckpointError, DataError, StartError) as exc:
         stop_ray()
         print(f"error: {exc}", file=sys.stderr)

@@ -44,13 +44,20 @@ class Actors:
     rewards: list[Any]
     learner: Any | None  # None for evaluation alone
     placements: dict[str, PlacementGroup]
-    ready_s: dict[str, float] = field(default_factory=dict)  # each actor's seconds from start() until constructed
-    started: float = field(default_factory=time.perf_counter)  # when start() began (perf_counter)
+    ready_s: dict[str, float] = field(default_factory=dict)  # each actor's seconds from create() until constructed
+    started: float = field(default_factory=time.perf_counter)  # when create() began (perf_counter)
 
     @classmethod
     def start(cls, config: Config, learner: bool = True) -> Actors:
+        """`create` every actor and wait until all are constructed (NotPlaced names what the
+        cluster lacks)."""
+        return cls.create(config, learner).wait_ready(config.cluster.actor_start_timeout_s)
+
+    @classmethod
+    def create(cls, config: Config, learner: bool = True) -> Actors:
         """Create every actor in a bundle of its role's placement group (placement.py), all at
-        once, and wait until all are constructed (NotPlaced names what the cluster lacks)."""
+        once, and return without waiting for them: their constructors (imports, model loads) run
+        while the caller goes on, until `wait_ready`."""
         seed = config.trainer.seed
         clock = time.perf_counter()
         placed = {role.name: (role, create_placement_group(role))
@@ -75,16 +82,15 @@ class Actors:
             placements={name: group for name, (_, group) in placed.items()},
         )
         actors.started = clock
-        actors.wait_ready(config.cluster.actor_start_timeout_s)
         return actors
 
     @property
     def every(self) -> list[Any]:
         return [*self.rollouts, *self.rewards, *([self.learner] if self.learner is not None else [])]
 
-    def wait_ready(self, timeout_s: float) -> None:
-        """Block until every actor is constructed; name the resources when some cannot be placed.
-        `ready_s` gets each actor's seconds from `start` until it was."""
+    def wait_ready(self, timeout_s: float) -> Actors:
+        """Block until every actor is constructed (then return them); name the resources when
+        some cannot be placed. `ready_s` gets each actor's seconds from `create` until it was."""
         names = ([f"rollout worker {i}: start" for i in range(len(self.rollouts))]
                  + [f"reward actor {i}: start" for i in range(len(self.rewards))]
                  + (["learner: start"] if self.learner is not None else []))
@@ -109,6 +115,7 @@ class Actors:
         except ray.exceptions.RayError as failed:  # a constructor's exception
             self.stop()
             raise RunFailed(f"an actor failed to start: {cause_line(failed)}") from None
+        return self
 
     def stop(self) -> None:
         """Let reward actors stop their scoring processes (briefly), then kill every actor."""

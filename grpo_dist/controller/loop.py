@@ -18,9 +18,9 @@ Checkpoints and failures (docs/checkpoints.md). After step t is complete (traine
 metrics logged) the controller saves a checkpoint (checkpoint.py) every
 `trainer.checkpoint_every` steps, after the last step, on an early stop, and when SIGINT or
 SIGTERM asks it to stop (signals.py); the learner is idle then, so its share is that of step
-t. A resumed run restores the data cursor and the batches drawn but not trained (when the
-Trainer is made, before Ray starts), then the learner's state, and pushes the checkpoint's
-weights to every engine, verified, before anything is generated. Rollout and reward actors
+t. A resumed run restores the data cursor and the batches drawn but not trained (when the Trainer
+is made), then the learner's state, and pushes the checkpoint's weights to every engine,
+verified, before anything is generated. Rollout and reward actors
 whose process dies are restarted by Ray and caught up by the Supervisor (recovery.py); a
 learner that dies ends the run (LearnerLost). Every wait is bounded (trainer.call_timeout_s,
 trainer.weight_sync_timeout_s).
@@ -80,11 +80,12 @@ class Trainer:
     """
 
     def __init__(self, config: Config, run_dir: Path, data: PreparedData | None = None,
-                 resume: Checkpoint | None = None, timeline: Timeline | None = None) -> None:
-        """`data`: the prompts launch prepared before Ray started; prepared here when not given.
-        `resume`: the checkpoint to continue from; its data cursor is restored here, before Ray
-        starts (CheckpointError when this run's data differ). `timeline`: where the seconds of
-        the run's start and end are recorded (launch's, counting from the command)."""
+                 resume: Checkpoint | None = None, timeline: Timeline | None = None,
+                 actors: Actors | None = None) -> None:
+        """`data`: the prompts launch prepared while Ray started; prepared here when not given.
+        `actors`: created by launch while the data were read (`Actors.create`); else by `start`.
+        `resume`: the checkpoint to continue from; its data cursor is restored here (CheckpointError
+        when this run's data differ). `timeline`: the run's start and end (launch's, from the command)."""
         self.config = config
         self.timeline = timeline or Timeline()
         self.run_dir = run_dir
@@ -104,7 +105,7 @@ class Trainer:
             self.start_version = resume.state.policy_version
             self.start_counters.update(resume.state.counters)
         self.first_step = 1 if resume is None else resume.state.step + 1
-        self.actors: Actors | None = None
+        self.actors = actors
         self.sync: WeightSync | None = None
         self.learner: LearnerWatch | None = None
         self.weights: WeightPublisher | None = None
@@ -135,7 +136,7 @@ class Trainer:
         the supervisor and the pipeline."""
         config, trainer = self.config, self.config.trainer
         with self.timeline.phase("actors"):
-            self.actors = Actors.start(config)
+            self.actors = (self.actors or Actors.create(config)).wait_ready(config.cluster.actor_start_timeout_s)
         self.timeline.details["actor_ready_s"] = self.actors.ready_s
         try:
             with self.timeline.phase("weight_sync_setup"):
