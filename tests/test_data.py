@@ -175,9 +175,10 @@ def test_eval_rows_and_the_cursor():
     ('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2=", "answer": \n', "rows.jsonl:2: not valid JSON"),
     ('{"prompt": "1+1=", "answer": "2"}\n{"question": "2+2=", "answer": "4"}\n', "rows.jsonl:2: no field 'prompt'"),
 ])
-def test_the_cli_exits_2_on_bad_data_before_any_actor_starts(tmp_path, content, message):
-    """Ray starts while the data are read (docs/speed.md): bad data is exit 2 with one message,
-    the last line; Ray is stopped again, no actor ran, no process of the run is left, nothing is written."""
+def test_the_cli_exits_2_on_bad_data_and_leaves_nothing_behind(tmp_path, content, message):
+    """Ray and the actors start while the data are read (docs/speed.md): bad data is exit 2 with
+    one message, the last line; Ray and the actors are stopped again, no process of the run is
+    left, nothing is written."""
     (tmp_path / "rows.jsonl").write_text(content)
     run = subprocess.Popen([sys.executable, "-m", "grpo_dist.launch", f"data.train={tmp_path / 'rows.jsonl'}",
                             "cluster.address=local", f"trainer.output_dir={tmp_path / 'runs'}"], cwd=ROOT,
@@ -185,7 +186,6 @@ def test_the_cli_exits_2_on_bad_data_before_any_actor_starts(tmp_path, content, 
     stdout, stderr = run.communicate(timeout=300)
     assert run.returncode == 2, stderr[-2000:]
     assert message in stderr and stderr.strip().splitlines()[-1].startswith("error: ")
-    assert "ray::" not in stdout + stderr and "(pid=" not in stdout + stderr  # no actor said anything
     deadline = time.monotonic() + 30
     while session_processes(run.pid) and time.monotonic() < deadline:  # Ray's processes end with the driver
         time.sleep(0.2)
