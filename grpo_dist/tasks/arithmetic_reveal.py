@@ -49,7 +49,7 @@ def transcript(tokenizer: PreTrainedTokenizerFast, prompt: str, second_answer: s
 
 
 def warm_start(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, train_rows: list[dict], *,
-               steps: int, correct_fraction: float, batch_size: int = 128, lr: float = 1e-3,
+               steps: int, correct_fraction: float, batch_size: int = 64, lr: float = 1e-3,
                seed: int = 0) -> LlamaForCausalLM:
     """Supervised fine-tuning of `model` on two-turn transcripts of `train_rows` (cosine schedule)."""
     torch.manual_seed(seed)
