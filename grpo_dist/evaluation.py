@@ -16,6 +16,7 @@ from typing import Any
 
 from grpo_dist.config import Config
 from grpo_dist.controller.pipeline import split
+from grpo_dist.env.runner import solved_shares
 from grpo_dist.rollout.sampling import sampling_settings
 from grpo_dist.seeding import prompt_seed
 from grpo_dist.types import Prompt, SamplingSettings
@@ -44,6 +45,16 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 def standard_error(accuracy: float, n: int) -> float:
     """sqrt(p (1 - p) / n): the binomial standard error of an accuracy over n rows."""
     return math.sqrt(max(accuracy * (1 - accuracy), 0.0) / max(n, 1))
+
+
+def episode_success(solved_turns: list[float]) -> dict[str, float]:
+    """Multi-turn evaluation where the environment reports `correct` (chunk_stats.per_group's
+    solved_turn): eval/solved (success within env.max_turns), eval/solved_after_turn1 (the share
+    of rows solved at turn 2 or later) and eval/later_turn_share (of the solved rows); {} else."""
+    judged = [turn for turn in solved_turns if turn >= 0]
+    if not judged:
+        return {}
+    return solved_shares(len(judged), sum(t >= 1 for t in judged), sum(t >= 2 for t in judged), "eval")
 
 
 def score_rows(rollouts: list[Any], rewards: list[Any], prompts: list[Prompt], sampling: SamplingSettings,
@@ -83,6 +94,7 @@ def evaluate(rollouts: list[Any], rewards: list[Any], prompts: list[Prompt], con
         "eval/accuracy_stderr": standard_error(accuracy, rows),
         "eval/rows": rows,
         "eval/mean_reward": sum(greedy["first_reward"]) / rows,
+        **episode_success(greedy.get("solved_turn", [])),
     }
     if ks:
         n = max(ks)

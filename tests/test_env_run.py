@@ -1,5 +1,6 @@
-"""Multi-turn training end to end: configs/code_feedback.yaml over the code recipe, two GRPO
-steps on a local Ray cluster with a tiny chat model; episodes reach the metrics and samples.jsonl."""
+"""Multi-turn training end to end, two GRPO steps on a local Ray cluster: configs/code_feedback.yaml over
+the code recipe with a tiny chat model (episodes reach the metrics and samples.jsonl), and
+configs/arithmetic_reveal.yaml over the default task (the solved-within-max_turns metrics)."""
 
 import json
 from pathlib import Path
@@ -11,7 +12,8 @@ from grpo_dist.controller.loop import Trainer
 from grpo_dist.tasks.tiny import IM_END, save_tiny_model
 from test_code_recipe import ON_TWO_CPUS, RECIPE
 
-FEEDBACK = Path(__file__).resolve().parent.parent / "configs" / "code_feedback.yaml"
+ROOT = Path(__file__).resolve().parent.parent
+FEEDBACK = ROOT / "configs" / "code_feedback.yaml"
 
 
 def test_the_recipe_validates():
@@ -46,3 +48,22 @@ def test_two_steps_of_code_feedback_episodes(ray_cluster, tmp_path, history):
     assert episode["transcript"][0]["role"] == "user" and "```python block" in episode["transcript"][0]["content"]
     assert [m["role"] for m in episode["transcript"][1:]][:1] == ["assistant"]
     assert len(episode["replies"]) == episode["turns"] == len(episode["step_rewards"])
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.slow  # a whole run
+def test_arithmetic_reveal_measures_success_within_max_turns(ray_cluster, tmp_path):
+    """configs/arithmetic_reveal.yaml over the default task, two steps: training and evaluation log the
+    share of episodes solved within max_turns and after turn 1 (the learning is measured in docs/multiturn.md)."""
+    config = load_config([ROOT / "configs" / "default.yaml", ROOT / "configs" / "arithmetic_reveal.yaml"], [
+        *ON_TWO_CPUS, f"trainer.output_dir={tmp_path}", "trainer.run_name=run", "data.eval_rows=8",
+        "trainer.eval_every=2", "rollout.group_size=4"])
+    assert config.env.name == "arithmetic_reveal" and config.env.max_turns == 2
+    Trainer(config, tmp_path / "run").run()
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    for record in [r for r in records if r["kind"] == "train"]:
+        assert 0 <= record["env/solved_after_turn1"] <= record["env/solved"] <= 1
+        assert record["env/solved"] == record["reward/accuracy"]  # reward 1.0 exactly when solved
+    evals = [r for r in records if "eval/solved" in r]
+    assert evals and all(r["eval/solved"] == r["eval/accuracy"] for r in evals)
+    assert all(0 <= r["eval/later_turn_share"] <= 1 for r in evals)

@@ -131,3 +131,11 @@ def check_step(value: Any) -> Step:
         raise EnvError("Step.observation is empty but the episode is not done")
     return Step(observation=observation, reward=None if value.reward is None else float(value.reward),
                 done=value.done, info=value.info)
+
+
+def solved_turn(infos: list[dict[str, Any]]) -> int | None:
+    """The turn (from 1) whose step info first says `correct: True`, 0 when none does; None when
+    no step reports `correct` at all (the environment does not say what solving is)."""
+    if not any("correct" in info for info in infos):
+        return None
+    return next((turn for turn, info in enumerate(infos, 1) if info.get("correct") is True), 0)

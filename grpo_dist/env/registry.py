@@ -13,6 +13,7 @@ BUILTIN_ENVS: dict[str, str] = {
     "code_feedback": "grpo_dist.env.code_feedback:CodeFeedback",
     "python_tool": "grpo_dist.env.python_tool:PythonTool",
     "arithmetic_retry": "grpo_dist.env.arithmetic_retry:ArithmeticRetry",
+    "arithmetic_reveal": "grpo_dist.env.arithmetic_reveal:ArithmeticReveal",
 }
 
 

@@ -19,7 +19,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from grpo_dist.env.base import Environment, EnvError, call, check_opening, check_step
+from grpo_dist.env.base import Environment, EnvError, call, check_opening, check_step, solved_turn
 from grpo_dist.env.config import EnvConfig
 from grpo_dist.env.registry import load_environment
 from grpo_dist.env.render import ChatRenderer, TextRenderer
@@ -154,6 +154,7 @@ def _describe(exc: Exception) -> str:
 def episode_sums(episodes: list[Episode]) -> dict[str, float]:
     """Counts and sums of some episodes, which add up across chunks (`env_metrics` of them)."""
     truncated = sum(e.trajectory.observations_truncated for e in episodes if e.trajectory is not None)
+    solved = [turn for turn in (solved_turn(e.infos) for e in episodes) if turn is not None]
     return {
         "env/episodes": float(len(episodes)),
         "env/turns_sum": float(sum(e.turns for e in episodes)),
@@ -163,13 +164,17 @@ def episode_sums(episodes: list[Episode]) -> dict[str, float]:
         "env/observation_truncated": float(truncated),
         "env/failed": float(sum(e.error is not None for e in episodes)),
         "env/step_s": sum(e.step_s for e in episodes),
+        **({"env/judged": float(len(solved)), "env/solved_sum": float(sum(t >= 1 for t in solved)),
+            "env/solved_after_turn1_sum": float(sum(t >= 2 for t in solved))} if solved else {}),
     }
 
 
 def env_metrics(sums: list[dict[str, float]]) -> dict[str, float]:
     """A step's env/ metrics from its chunks' `episode_sums`: env/turns_mean|max, env/stop_reasons/<reason>
     (episodes), env/observation_truncated, env/failed and env/step_s (seconds in environment calls,
-    summed over episodes); {} without episodes."""
+    summed over episodes); {} without episodes. Where steps report `correct` (base.solved_turn):
+    env/solved (share of those episodes solved within env.max_turns), env/solved_after_turn1 (share
+    solved at turn 2 or later) and env/later_turn_share (of the solved ones, the share solved after turn 1)."""
     total: dict[str, float] = {}
     for part in sums:
         for key, value in part.items():
@@ -178,4 +183,14 @@ def env_metrics(sums: list[dict[str, float]]) -> dict[str, float]:
     if not total:
         return {}
     total["env/turns_mean"] = total.pop("env/turns_sum") / max(total.pop("env/episodes"), 1.0)
+    if "env/judged" in total:
+        judged, solved, later = (total.pop(f"env/{k}") for k in ("judged", "solved_sum", "solved_after_turn1_sum"))
+        total.update(solved_shares(judged, solved, later, "env"))
     return total
+
+
+def solved_shares(judged: float, solved: float, later: float, prefix: str) -> dict[str, float]:
+    """<prefix>/solved, /solved_after_turn1 (both of the `judged` episodes) and /later_turn_share (of the
+    solved ones) from counts."""
+    return {f"{prefix}/solved": solved / judged, f"{prefix}/solved_after_turn1": later / judged,
+            f"{prefix}/later_turn_share": later / solved if solved else 0.0}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+from grpo_dist.env.base import solved_turn
 from grpo_dist.types import Group
 
 FAILURES = "/failures"
@@ -40,12 +41,18 @@ def summarize(groups: list[Group], accuracy_from: str) -> dict[str, float]:
 
 def per_group(groups: list[Group], accuracy_from: str) -> dict[str, list[float]]:
     """What evaluation needs of each scored group, small: its correct samples, and the first
-    sample's reward and correctness (the greedy one when a group holds one sample)."""
-    return {
+    sample's reward and correctness (the greedy one when a group holds one sample). Episodes also
+    give `solved_turn`: the turn that solved the first sample's episode (env/base.solved_turn: 0
+    unsolved, -1 when its environment does not report `correct`)."""
+    rows = {
         "correct": [float(sum(map(is_correct, g.reward_parts[accuracy_from]))) for g in groups],
         "first_correct": [float(is_correct(g.reward_parts[accuracy_from][0])) for g in groups],
         "first_reward": [g.rewards[0] for g in groups],
     }
+    if groups and groups[0].completions[0].episode is not None:
+        turns = [solved_turn(g.completions[0].episode["env_info"]) for g in groups]  # type: ignore[index]
+        rows["solved_turn"] = [-1.0 if turn is None else float(turn) for turn in turns]
+    return rows
 
 
 def add(summaries: list[dict[str, float]]) -> dict[str, float]:
