@@ -80,6 +80,7 @@ def test_on_is_refused_where_it_cannot_run_and_auto_falls_back(blocker):
         make_config("trainer.overlap_learning=on", *blocker)
     assert not resolve_overlap(make_config("trainer.overlap_learning=auto", *blocker))
     assert resolve_overlap(make_config("trainer.overlap_learning=on", "trainer.mode=async", "trainer.max_staleness=0"))
+    assert resolve_overlap(make_config())  # auto, sync mode: on
 
 
 @pytest.fixture(scope="module")

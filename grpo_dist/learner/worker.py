@@ -7,6 +7,8 @@ rate's schedule steps. The pieces live beside it: batch.py (groups to tensors,
 micro-batches), logprobs.py, precision.py (float32 masters), lora.py (LoRA adapters),
 distributed.py (data-parallel ranks; one rank: no-ops), schedule.py, metrics.py, state.py
 (checkpoints), weight_group.py (the NCCL sender). group.py runs several ranks as one learner.
+`learn_chunk` and `finish_step` are the same step taken chunk by chunk, as the chunks are scored
+(overlap.py: an overlapped sync step).
 """
 
 from __future__ import annotations
