@@ -67,7 +67,8 @@ class TrainerConfig(Section):
         "auto", description="sync: the learner starts on a batch's first scored chunks (pi_ref, pi_old and, with "
         "mu 1 and no minibatches, the gradient pass) while later ones are generated; it still steps once, after "
         "the last, on the same gradient (docs/speed.md). on: refused with async max_staleness > 0, "
-        "algo.dynamic_sampling or learner.num_ranks > 1; auto: on where it can run, off there"
+        "algo.dynamic_sampling or learner.num_ranks > 1; auto: on where it can run and the learner has a GPU or "
+        "learner.threads=1 (a CPU learner's threads would take the cores generation needs)"
     )
     call_timeout_s: float = Field(
         600.0, gt=0, description="bound on every wait for an actor call (generate, score, train_step, weight "

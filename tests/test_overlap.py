@@ -80,7 +80,9 @@ def test_on_is_refused_where_it_cannot_run_and_auto_falls_back(blocker):
         make_config("trainer.overlap_learning=on", *blocker)
     assert not resolve_overlap(make_config("trainer.overlap_learning=auto", *blocker))
     assert resolve_overlap(make_config("trainer.overlap_learning=on", "trainer.mode=async", "trainer.max_staleness=0"))
-    assert resolve_overlap(make_config())  # auto, sync mode: on
+    # auto: on with a GPU learner or a one-thread CPU learner (the tests' default), off with a CPU learner's threads
+    assert resolve_overlap(make_config()) and not resolve_overlap(make_config("learner.threads=2"))
+    assert resolve_overlap(make_config("learner.threads=2", "learner.num_gpus=1"))
 
 
 @pytest.fixture(scope="module")
