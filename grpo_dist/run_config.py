@@ -63,6 +63,13 @@ class TrainerConfig(Section):
         1, ge=0, description="async: a sample is trained on at most this many policy versions after the weights "
         "that sampled it; max_staleness+1 batches are in flight"
     )
+    overlap_learning: Literal["auto", "on", "off"] = Field(
+        "auto", description="sync: the learner starts on a batch's first scored chunks (pi_ref, pi_old and, with "
+        "mu 1 and no minibatches, the gradient pass) while later ones are generated; it still steps once, after "
+        "the last, on the same gradient (docs/speed.md). on: refused with async max_staleness > 0, "
+        "algo.dynamic_sampling or learner.num_ranks > 1; auto: on where it can run and the learner has a GPU or "
+        "learner.threads=1 (a CPU learner's threads would take the cores generation needs)"
+    )
     call_timeout_s: float = Field(
         600.0, gt=0, description="bound on every wait for an actor call (generate, score, train_step, weight "
         "load); past it a rollout or reward actor counts as hung: it is killed, Ray restarts it and its calls "
@@ -101,6 +108,12 @@ class TrainerConfig(Section):
         10, ge=0, description="log prompts with their completions, rewards and advantages every N steps (0: never)"
     )
     samples_per_log: int = Field(2, ge=1, description="prompts per samples log, each with all its completions")
+
+    @field_validator("overlap_learning", mode="before")
+    @classmethod
+    def _yaml_booleans(cls, value: Any) -> Any:
+        """YAML reads on and off as booleans."""
+        return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
 
     @field_validator("loggers")
     @classmethod

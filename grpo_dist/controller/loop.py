@@ -5,7 +5,7 @@
 One loop serves both modes; sync mode is async mode with max_staleness 0. Step t:
 
     collect batch t (pipeline.py)          wait for its chunks' small stats; the groups stay put
-    learner.train_step(*refs of batch t)   submitted; Ray resolves the references in the learner
+    learner.train_step(*refs of batch t)   submitted (sync: or overlap.py's finish_step, chunks learned as scored)
     push weights version t                 queued on every actor behind what it is doing
     submit batch t + k + 1                 queued behind that push, so sampled by version t
     wait for step t's learner metrics      (the engines keep generating batch t + 1 .. t + k)
@@ -47,12 +47,13 @@ from typing import Any
 import ray
 
 from grpo_dist.atomic import write_json_atomic
-from grpo_dist.config import Config, dump_config
+from grpo_dist.config import Config, dump_config, resolve_overlap
 from grpo_dist.controller.actors import Actors, LearnerWatch
 from grpo_dist.controller.checkpoints import (Checkpoint, CheckpointError, TrainerState, check_shared_storage,
                                               save_checkpoint)
 from grpo_dist.controller.dynamic import DynamicSampling
 from grpo_dist.controller.errors import RunFailed, TooManyBadSteps
+from grpo_dist.controller.overlap import LearnerFeed
 from grpo_dist.controller.pipeline import Batch, RolloutPipeline
 from grpo_dist.controller.publish import WeightPublisher
 from grpo_dist.controller.recovery import RESTART_COUNTERS, Supervisor
@@ -111,6 +112,7 @@ class Trainer:
         self.weights: WeightPublisher | None = None
         self.supervisor: Supervisor | None = None
         self.pipeline: RolloutPipeline | None = None
+        self.feed: LearnerFeed | None = None  # batches to the learner: whole, or chunk by chunk (overlap.py)
         # collect(batch, version): the pipeline's, or dynamic sampling's rounds on top of it (dynamic.py)
         self.collector: RolloutPipeline | DynamicSampling | None = None
         self.in_flight: deque[Batch] = deque()  # submitted batches not yet handed to the learner
@@ -156,11 +158,9 @@ class Trainer:
         self.pipeline = RolloutPipeline(self.actors.rollouts, self.actors.rewards, self.supervisor, seed=trainer.seed,
                                         chunk_prompts=config.rollout.chunk_prompts, timeout_s=trainer.call_timeout_s,
                                         informative_only=algo.dynamic_sampling)
-        if algo.dynamic_sampling:
-            self.collector = DynamicSampling(self.pipeline, self.cursor.next_batch, config.rollout.prompts_per_step,
-                                             algo.dynamic_sampling_max_rounds)
-        else:
-            self.collector = self.pipeline
+        self.collector = (DynamicSampling(self.pipeline, self.cursor.next_batch, config.rollout.prompts_per_step,
+                                          algo.dynamic_sampling_max_rounds) if algo.dynamic_sampling else self.pipeline)
+        self.feed = LearnerFeed(self.actors.learner, overlap=resolve_overlap(config))
 
     def stop(self) -> None:
         if self.sync is not None:
@@ -316,7 +316,7 @@ class Trainer:
         self.last_group_refs = scored.group_refs
         result = None  # dynamic sampling may find no informative group: no update, no new version, no push
         if scored.group_refs:
-            result = self.actors.learner.train_step.remote(*scored.group_refs, max_groups=scored.max_groups)
+            result = self.feed.train(scored)
             self.weights.publish(self.version + 1)
         self.fill(step + self.max_staleness + 1)
         learner_metrics = (self.learner.call(result, "train_step") if result is not None
@@ -349,12 +349,12 @@ class Trainer:
             batch = self.pipeline.submit(self.submitted, prompts, self.sampling, self.version)
             batch.drawn_at = drawn_at
             self.in_flight.append(batch)
+            self.feed.submitted(batch)
 
     def discard_in_flight(self) -> None:
         """Cancel batches submitted for steps that will not run (an early stop)."""
-        for batch in self.in_flight:
-            for chunk in batch.chunks:
-                ray.cancel(chunk.info)
+        for chunk in [chunk for batch in self.in_flight for chunk in batch.chunks]:
+            ray.cancel(chunk.info)
         self.in_flight.clear()
 
     def rollout(self, prompts: list[Prompt], sampling: SamplingSettings, step: int) -> list[Group]:
@@ -384,10 +384,9 @@ class Trainer:
 
     def check_shared_storage(self) -> None:
         """RunFailed before step 1 when the learner's checkpoint files would not reach RUN_DIR."""
-        learner = self.actors.learner
         try:
             check_shared_storage(self.run_dir, lambda path, text: self.learner.call(
-                learner.write_probe.remote(str(path), text), "write_probe"))
+                self.actors.learner.write_probe.remote(str(path), text), "write_probe"))
         except CheckpointError as exc:
             raise RunFailed(str(exc)) from None
 

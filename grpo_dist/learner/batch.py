@@ -58,6 +58,20 @@ class TrainBatch:
             advantages=torch.zeros(len(sequences)) if advantages is None else advantages.float()[torch.tensor(owners)],
         )
 
+    @classmethod
+    def concat(cls, parts: list[TrainBatch], pad_id: int) -> TrainBatch:
+        """The parts' rows in order as one batch, padded as `from_groups` pads the whole (pad_id, else 0)."""
+
+        def joined(name: str) -> torch.Tensor | None:
+            tensors = [getattr(part, name) for part in parts]
+            if tensors[0] is None or tensors[0].dim() == 1:
+                return None if tensors[0] is None else torch.cat(tensors)
+            width = max(tensor.shape[1] for tensor in tensors)
+            value = pad_id if name == "input_ids" else 0
+            return torch.cat([torch.nn.functional.pad(t, (0, width - t.shape[1]), value=value) for t in tensors])
+
+        return cls(**{f.name: joined(f.name) for f in fields(cls)})
+
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 

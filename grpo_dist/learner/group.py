@@ -65,6 +65,8 @@ ROUTES: dict[str, Route] = {
 SHARDED_ROUTES: dict[str, Route] = {**ROUTES, **dict.fromkeys(
     ("logprobs", "export_weights", "send_weights", "save", "save_state"), "every rank")}
 GROUP_ONLY = {"join_ranks"}  # the group joins its ranks itself; the controller never calls it
+# An overlapped sync step (controller/overlap.py) runs on one rank only; with several the controller calls train_step.
+ONE_RANK_ONLY = {"learn_chunk", "finish_step"}
 
 
 def learner_bundles(learner: LearnerConfig) -> list[dict[str, float]]:
@@ -157,8 +159,9 @@ def forwarding(method: str) -> Callable[..., Any]:
 
 
 def unrouted(learner_cls: type, group_cls: type) -> list[str]:
-    """The public methods of `learner_cls` that `group_cls` does not offer (GROUP_ONLY aside)."""
-    return sorted(name for name in dir(learner_cls) if not name.startswith("_") and name not in GROUP_ONLY
+    """The public methods of `learner_cls` that `group_cls` does not offer (GROUP_ONLY, ONE_RANK_ONLY aside)."""
+    return sorted(name for name in dir(learner_cls)
+                  if not name.startswith("_") and name not in GROUP_ONLY | ONE_RANK_ONLY
                   and callable(getattr(learner_cls, name)) and not hasattr(group_cls, name))
 
 

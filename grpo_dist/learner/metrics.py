@@ -63,6 +63,11 @@ class StepStats:
         self.loss, self.policy_loss = ranks.sum(losses).tolist()
         self.step_sums = None
 
+    def divide_losses(self, denominator: float) -> None:
+        """The optimizer step's losses, summed with D = 1 (an overlapped step, learner/overlap.py), divided by D."""
+        if self.step_sums is not None:
+            self.step_sums = self.step_sums / denominator
+
     def sum_tokens(self, ranks: DataParallel) -> None:
         """Token counts and token-weighted sums of every rank, and the ratio range over all of them."""
         if self.token_parts is not None:

@@ -7,6 +7,8 @@ rate's schedule steps. The pieces live beside it: batch.py (groups to tensors,
 micro-batches), logprobs.py, precision.py (float32 masters), lora.py (LoRA adapters),
 distributed.py (data-parallel ranks; one rank: no-ops), schedule.py, metrics.py, state.py
 (checkpoints), weight_group.py (the NCCL sender). group.py runs several ranks as one learner.
+`learn_chunk` and `finish_step` are the same step taken chunk by chunk, as the chunks are scored
+(overlap.py: an overlapped sync step).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from grpo_dist.learner.batch import TrainBatch
 from grpo_dist.learner.distributed import DataParallel
 from grpo_dist.learner.logprobs import batch_logprobs, token_logprobs
 from grpo_dist.learner.metrics import StepStats, advantage_metrics, sampler_agreement
+from grpo_dist.learner.overlap import ChunkedStep, divide_grads
 from grpo_dist.learner.precision import load_policy, load_reference
 from grpo_dist.learner.schedule import make_scheduler
 from grpo_dist.learner.sharded import ShardedRanks, ShardedWeights, copy_shards, full, shard
@@ -65,6 +68,7 @@ class Learner:
         self.version = 0
         self.optimizer_steps = 0
         self.skipped_steps = 0
+        self.chunked: ChunkedStep | None = None  # an overlapped step's chunks so far (learn_chunk)
 
     def _reference(self, model: ModelConfig) -> Callable[..., Any]:
         """pi_ref: model.path's weights in model.dtype, frozen; with LoRA the base, adapter off (no copy)."""
@@ -84,20 +88,88 @@ class Learner:
         learn_started, started = time.time(), time.perf_counter()
         reset_peak(self.device)
         groups = [group for chunk in chunks for group in chunk][:max_groups]
-        rewards = torch.tensor([reward for group in groups for reward in group.rewards], dtype=torch.float32)
-        advantages = grpo.group_advantages(rewards, self.rollout.group_size, scale=self.algo.advantage_scale)
-        batch = TrainBatch.from_groups(groups, self.tokenizer.pad_token_id, advantages, self.algo.mask_truncated)
-        if self.reference is not None:
-            batch.ref_logprobs = self._shared_logprobs(self.reference, batch)
+        batch = self._batch(groups)
         # pi_old, the weights that sampled. With one optimizer step per batch it is the grad
         # pass itself, detached (filled in by _update); otherwise it is computed once, first.
-        single_step = self.algo.mu == 1 and (self.algo.minibatch_size or len(batch)) >= len(batch)
-        batch.old_logprobs = torch.zeros_like(batch.mask) if single_step else self._shared_logprobs(self.policy, batch)
+        single_step = self._single_step(len(batch))
+        self._old_logprobs(batch, computed=not single_step)
+        return self._train(batch, groups, StepStats(), single_step, learn_started, started)
+
+    def learn_chunk(self, groups: list[Group], key: str) -> None:
+        """Overlap inside a sync step (controller/overlap.py): what can be done on one scored chunk
+        while later ones are generated. pi_ref and pi_old always; with one optimizer step per batch
+        (mu 1, no minibatches) the gradient pass too, its loss a plain sum (D = 1) that finish_step
+        divides by the whole batch's D. `key` names the chunk (its object reference)."""
+        began = time.perf_counter()
+        if self.chunked is None:
+            reset_peak(self.device)
+            self.weights.zero_grad()
+            self.chunked = ChunkedStep(accumulated=self.algo.mu == 1 and self.algo.minibatch_size is None)
+        batch = self._batch(groups)
+        self._old_logprobs(batch, computed=not self.chunked.accumulated)
+        if self.chunked.accumulated:
+            self._accumulate(batch, torch.arange(len(batch)), self.chunked.stats, fill_old=True, denominator=1.0)
+        self.chunked.add(key, batch, groups, time.perf_counter() - began)
+
+    def finish_step(self, *chunks: list[Group], keys: list[str]) -> dict[str, float]:
+        """The end of an overlapped step: train_step's update and metrics on the chunks learn_chunk
+        took, the optimizer stepping once on the whole batch's gradient. When those are not the
+        chunks `keys` names (one was generated or scored again), train_step on `chunks` instead
+        (`policy/overlap_fallback` 1)."""
+        began = time.perf_counter()
+        chunked, self.chunked = self.chunked, None
+        if chunked is None or chunked.keys != keys:
+            return {**self.train_step(*chunks), "policy/overlap_fallback": 1.0}
+        batch = TrainBatch.concat(chunked.parts, self.tokenizer.pad_token_id)
+        single_step = self._single_step(len(batch))
+        if not chunked.accumulated:
+            metrics = self._train(batch, chunked.groups, chunked.stats, single_step, chunked.learn_started, began,
+                                  chunked.busy_s)
+            return {**metrics, "policy/overlap_fallback": 0.0}
+        self._minibatches(len(batch))  # (one, the whole batch) the generator advances as train_step's does
+        denominator = grpo.loss_denominator(batch.mask, self.algo.aggregation, self.rollout.max_new_tokens)
+        divide_grads(self.weights.params, denominator)
+        chunked.stats.divide_losses(denominator)
         lr = self.optimizer.param_groups[0]["lr"]
-        stats = StepStats()
+        self._step(chunked.stats)
+        metrics = self._end_step(batch, chunked.groups, chunked.stats, single_step, lr, chunked.learn_started,
+                                 began, chunked.busy_s)
+        return {**metrics, "policy/overlap_fallback": 0.0}
+
+    def _single_step(self, rows: int) -> bool:
+        """Whether a batch of `rows` takes one optimizer step (mu 1, one minibatch)."""
+        return self.algo.mu == 1 and (self.algo.minibatch_size or rows) >= rows
+
+    def _batch(self, groups: list[Group]) -> TrainBatch:
+        """The groups as tensors, with their advantages and pi_ref."""
+        batch = TrainBatch.from_groups(groups, self.tokenizer.pad_token_id, self._advantages(groups),
+                                       self.algo.mask_truncated)
+        if self.reference is not None:
+            batch.ref_logprobs = self._shared_logprobs(self.reference, batch)
+        return batch
+
+    def _advantages(self, groups: list[Group]) -> torch.Tensor:
+        """One per completion, group by group (so any whole groups, a chunk's, give the batch's values)."""
+        rewards = torch.tensor([reward for group in groups for reward in group.rewards], dtype=torch.float32)
+        return grpo.group_advantages(rewards, self.rollout.group_size, scale=self.algo.advantage_scale)
+
+    def _old_logprobs(self, batch: TrainBatch, computed: bool) -> None:
+        """pi_old: `computed` first, or zeros for the grad pass to fill in (`fill_old`)."""
+        batch.old_logprobs = self._shared_logprobs(self.policy, batch) if computed else torch.zeros_like(batch.mask)
+
+    def _train(self, batch: TrainBatch, groups: list[Group], stats: StepStats, single_step: bool,
+               learn_started: float, started: float, busy_s: float = 0.0) -> dict[str, float]:
+        """mu passes over the batch, an optimizer step per minibatch, then the step's end."""
+        lr = self.optimizer.param_groups[0]["lr"]
         for _ in range(self.algo.mu):
             for rows in self._minibatches(len(batch)):
                 self._update(batch, rows, stats, fill_old=single_step)
+        return self._end_step(batch, groups, stats, single_step, lr, learn_started, started, busy_s)
+
+    def _end_step(self, batch: TrainBatch, groups: list[Group], stats: StepStats, single_step: bool, lr: float,
+                  learn_started: float, started: float, busy_s: float) -> dict[str, float]:
+        """After the last optimizer step: the schedule, the version, the metrics. The learner was busy
+        `busy_s` (learn_chunk's calls) before `started` (perf_counter) and since."""
         if single_step:
             self.ranks.sum(batch.old_logprobs)  # each rank filled its own rows
         stats.sum_tokens(self.ranks)
@@ -106,16 +178,17 @@ class Learner:
         self._refresh_reference()
         tokens = batch.mask.sum().item() * self.algo.mu
         masked = self.algo.mask_truncated * sum(c.finish_reason == "length" for g in groups for c in g.completions)
+        learn_s = busy_s + time.perf_counter() - started
         return {
             **stats.metrics(),
-            **advantage_metrics(advantages),
+            **advantage_metrics(self._advantages(groups)),
             **sampler_agreement(batch.mask, batch.sampler_logprobs, batch.old_logprobs, self.algo.tis_cap),
             "policy/lr": lr,
             "policy/truncated_masked": float(masked),
             "policy/version": float(self.version),
-            "system/learn_tokens_per_s": tokens / (time.perf_counter() - started),
+            "system/learn_tokens_per_s": tokens / learn_s,
             "system/learner_peak_memory_mb": peak_mb(self.device),
-            "time/learn_s": time.perf_counter() - started,  # the controller's learner_idle_fraction
+            "time/learn_s": learn_s,  # the controller's learner_idle_fraction
             "time/learn_started": learn_started,  # unix seconds: when this step's learning began and ended
             "time/learn_ended": time.time(),
         }
@@ -126,6 +199,13 @@ class Learner:
         # Every micro-batch's loss (on every rank) is divided by D of all `rows`: the sum is the loss of `rows`.
         denominator = grpo.loss_denominator(batch.mask[rows], self.algo.aggregation, self.rollout.max_new_tokens)
         self.weights.zero_grad()
+        self._accumulate(batch, rows, stats, fill_old, denominator)
+        self._step(stats)
+
+    def _accumulate(self, batch: TrainBatch, rows: torch.Tensor, stats: StepStats, fill_old: bool,
+                    denominator: float) -> None:
+        """Forward and backward of this rank's share of `rows`, micro-batch by micro-batch, each loss
+        divided by `denominator`; the gradients add up in the float32 masters."""
         for micro_rows in self.ranks.pad(batch.micro_batches(self.ranks.shard(rows, batch.lengths),
                                                              self.learner.micro_batch_size,
                                                              self.learner.max_tokens_per_micro_batch)):
@@ -159,6 +239,9 @@ class Learner:
             loss.backward()
             self.weights.collect_grads()  # into the float32 master gradients
             stats.add_micro_batch(loss.detach(), micro_stats, entropy, micro.mask)
+
+    def _step(self, stats: StepStats) -> None:
+        """Sum the gradient over ranks, clip it, and step AdamW unless the loss or gradient is not finite."""
         self.ranks.sum_grads(self.weights.params)  # every rank: the gradient of all `rows`
         stats.sum_losses(self.ranks)
         grad_norm = full(torch.nn.utils.clip_grad_norm_(self.weights.params, self.algo.max_grad_norm)).item()
