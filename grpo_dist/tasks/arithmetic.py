@@ -109,20 +109,28 @@ def warm_start(
             completion_ids = tokenizer(completion_text(answer))["input_ids"] + [tokenizer.eos_token_id]
             input_ids.append(prompt_ids + completion_ids)
             labels.append([-100] * len(prompt_ids) + completion_ids)
-        width = max(len(ids) for ids in input_ids)
-        pad = tokenizer.pad_token_id
-        ids = torch.tensor([x + [pad] * (width - len(x)) for x in input_ids])
-        lab = torch.tensor([x + [-100] * (width - len(x)) for x in labels])
-        loss = model(input_ids=ids, attention_mask=(ids != pad).long(), labels=lab).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        schedule.step()
-        optimizer.zero_grad(set_to_none=True)
+        loss = supervised_step(model, optimizer, schedule, list(zip(input_ids, labels)), tokenizer.pad_token_id)
         if step % 200 == 0 or step == steps - 1:
-            print(f"warm start step {step:5d}  loss {loss.item():.4f}", flush=True)
+            print(f"warm start step {step:5d}  loss {loss:.4f}", flush=True)
     model.eval()
     return model
+
+
+def supervised_step(model: LlamaForCausalLM, optimizer: torch.optim.Optimizer,
+                    schedule: torch.optim.lr_scheduler.LRScheduler, rows: list[tuple[list[int], list[int]]],
+                    pad: int) -> float:
+    """One optimizer step of next-token loss on (input ids, labels) rows, right-padded to one
+    width (labels -100 where no loss), gradients clipped to norm 1; returns the loss."""
+    width = max(len(ids) for ids, _ in rows)
+    ids = torch.tensor([x + [pad] * (width - len(x)) for x, _ in rows])
+    labels = torch.tensor([y + [-100] * (width - len(y)) for _, y in rows])
+    loss = model(input_ids=ids, attention_mask=(ids != pad).long(), labels=labels).loss
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    schedule.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.item()
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> None:

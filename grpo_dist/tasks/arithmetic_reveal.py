@@ -30,7 +30,7 @@ import torch
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 from grpo_dist.env.arithmetic_reveal import hide_addend
-from grpo_dist.tasks.arithmetic import ASSET_DIR, completion_text, no_carry_sum
+from grpo_dist.tasks.arithmetic import ASSET_DIR, completion_text, no_carry_sum, supervised_step
 
 OUT_DIR = ASSET_DIR.parent / "arithmetic_reveal" / "model"
 
@@ -64,17 +64,9 @@ def warm_start(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, trai
             a, b = (int(x) for x in row["prompt"][:-1].split("+"))
             answer = row["answer"] if rng.random() < correct_fraction else str(no_carry_sum(a, b))
             batch.append(transcript(tokenizer, row["prompt"], answer))
-        width = max(len(ids) for ids, _ in batch)
-        ids = torch.tensor([x + [pad] * (width - len(x)) for x, _ in batch])
-        labels = torch.tensor([y + [-100] * (width - len(y)) for _, y in batch])
-        loss = model(input_ids=ids, attention_mask=(ids != pad).long(), labels=labels).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        schedule.step()
-        optimizer.zero_grad(set_to_none=True)
+        loss = supervised_step(model, optimizer, schedule, batch, pad)
         if step % 50 == 0 or step == steps - 1:
-            print(f"warm start step {step:5d}  loss {loss.item():.4f}", flush=True)
+            print(f"warm start step {step:5d}  loss {loss:.4f}", flush=True)
     model.eval()
     return model
 
