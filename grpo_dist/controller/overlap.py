@@ -12,8 +12,9 @@ exactly on-policy, but the learner need not wait for the whole batch:
 
 A chunk's key is its scored groups' object reference. A chunk the pipeline sent again (a
 worker died, or the wrong weights sampled it) has a new reference: the learner, finding other
-keys than it took, drops what it did and runs train_step on the final references
-(`policy/overlap_fallback`). learner/overlap.py has why the update is the same.
+keys than it took, drops what it did and learns the final references afresh, chunk by chunk in
+order, as a calm step does: a replayed step is the calm step to the bit (`policy/overlap_fallback`).
+learner/overlap.py has why the update is train_step's.
 """
 
 from __future__ import annotations

@@ -114,18 +114,23 @@ class Learner:
     def finish_step(self, *chunks: list[Group], keys: list[str]) -> dict[str, float]:
         """The end of an overlapped step: train_step's update and metrics on the chunks learn_chunk
         took, the optimizer stepping once on the whole batch's gradient. When those are not the
-        chunks `keys` names (one was generated or scored again), train_step on `chunks` instead
-        (`policy/overlap_fallback` 1)."""
+        chunks `keys` names (one was generated or scored again, or this learner restarted), what
+        was taken is dropped and `chunks` are learned afresh, in order, as a calm step learns
+        them: the update is the same to the bit (`policy/overlap_fallback` 1)."""
+        fallback = self.chunked is None or self.chunked.keys != keys
+        if fallback:
+            self.chunked = None
+            for chunk, key in zip(chunks, keys):
+                self.learn_chunk(chunk, key)
         began = time.perf_counter()
         chunked, self.chunked = self.chunked, None
-        if chunked is None or chunked.keys != keys:
-            return {**self.train_step(*chunks), "policy/overlap_fallback": 1.0}
+        assert chunked is not None
         batch = TrainBatch.concat(chunked.parts, self.tokenizer.pad_token_id)
         single_step = self._single_step(len(batch))
         if not chunked.accumulated:
             metrics = self._train(batch, chunked.groups, chunked.stats, single_step, chunked.learn_started, began,
                                   chunked.busy_s)
-            return {**metrics, "policy/overlap_fallback": 0.0}
+            return {**metrics, "policy/overlap_fallback": float(fallback)}
         self._minibatches(len(batch))  # (one, the whole batch) the generator advances as train_step's does
         denominator = grpo.loss_denominator(batch.mask, self.algo.aggregation, self.rollout.max_new_tokens)
         divide_grads(self.weights.params, denominator)
@@ -134,7 +139,7 @@ class Learner:
         self._step(chunked.stats)
         metrics = self._end_step(batch, chunked.groups, chunked.stats, single_step, lr, chunked.learn_started,
                                  began, chunked.busy_s)
-        return {**metrics, "policy/overlap_fallback": 0.0}
+        return {**metrics, "policy/overlap_fallback": float(fallback)}
 
     def _single_step(self, rows: int) -> bool:
         """Whether a batch of `rows` takes one optimizer step (mu 1, one minibatch)."""
