@@ -39,7 +39,7 @@ from grpo_dist.models import load_tokenizer
 from grpo_dist.types import Group
 from grpo_dist.weights import nccl
 from grpo_dist.weights.buckets import DEFAULT_BUCKET_BYTES, Bucket, plan_buckets
-from grpo_dist.weights.checksum import export_state_dict, state_checksum
+from grpo_dist.weights.checksum import WireStateDict, export_state_dict, state_checksum
 
 
 class Learner:
@@ -318,7 +318,7 @@ class Learner:
         refs = []
         for bucket in self.weights.buckets(bucket_bytes):  # a collective: every rank gathers each bucket
             if self.ranks.rank == 0:
-                refs.append(ray.put(bucket))
+                refs.append(ray.put(WireStateDict(bucket)))
         return refs if self.ranks.rank == 0 else None
 
     def checksum(self) -> str:

@@ -5,12 +5,40 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable
 
+import numpy as np
 import torch
 
 
-def export_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def export_state_dict(state_dict: dict[str, torch.Tensor]) -> WireStateDict:
     """Detached CPU copies of a model's parameters and buffers, by Hugging Face name."""
-    return {name: tensor.detach().to("cpu", copy=True) for name, tensor in state_dict.items()}
+    return WireStateDict({name: tensor.detach().to("cpu", copy=True) for name, tensor in state_dict.items()})
+
+
+class WireStateDict(dict):
+    """A state dict that pickles each tensor as its flat bytes (a numpy array), dtype and shape.
+
+    Ray's serializer passes numpy arrays out of band (written once into the object store, read
+    from its shared memory) but pickles a torch tensor's bytes in band: learner to engine, a
+    version of the default model (3.3 MB) measured 15-16 ms as tensors and 8-9 ms as this.
+    Unpickled, it is a dict of ordinary tensors again (copied out of the store: writable).
+    """
+
+    def __reduce__(self) -> tuple:
+        return _unpickle, ([(name, _flat_bytes(tensor), str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape))
+                            for name, tensor in self.items()],)
+
+
+def _flat_bytes(tensor: torch.Tensor) -> np.ndarray:
+    return tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+
+
+def _unpickle(items: list[tuple[str, np.ndarray, str, tuple[int, ...]]]) -> WireStateDict:
+    return WireStateDict({name: _tensor(data, getattr(torch, dtype), shape) for name, data, dtype, shape in items})
+
+
+def _tensor(data: np.ndarray, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    flat = torch.from_numpy(data.copy()) if data.size else torch.empty(0, dtype=torch.uint8)  # (numpy's empty: stride 0)
+    return flat.view(dtype).reshape(shape)
 
 
 def state_checksum(state_dict: dict[str, torch.Tensor]) -> str:
@@ -25,5 +53,5 @@ def stream_checksum(named: Iterable[tuple[str, torch.Tensor]]) -> str:
     for name, tensor in named:
         tensor = tensor.detach().to("cpu").contiguous()
         digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
-        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")  # (0-dim too)
     return digest.hexdigest()
