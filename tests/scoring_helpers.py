@@ -28,3 +28,12 @@ def exits(prompt: str, completion: str) -> float:
 def sleeps(prompt: str, completion: str, seconds: float) -> float:
     time.sleep(seconds)
     return seconds
+
+
+def obeys(prompt: str, completion: str) -> float:
+    """"exit" kills the worker, "hang" never returns, anything else scores its length."""
+    if completion == "exit":
+        os._exit(3)
+    if completion == "hang":
+        hangs(prompt, completion)
+    return float(len(completion))

@@ -91,6 +91,31 @@ def test_worker_that_exits_costs_only_its_sample() -> None:
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("fault, error", [("exit", "worker died"), ("hang", "timeout")])
+def test_a_fault_costs_its_sample_and_the_samples_handed_out_with_it_are_still_scored(fault, error) -> None:
+    """A worker is handed several samples at a time: those after the faulty one, which its
+    process never reached, go to the replacement."""
+    completions = ["a" * (n % 7) for n in range(40)]
+    completions[1] = completions[22] = fault
+    with ScoringPool(num_workers=1, timeout_s=0.5) as pool:
+        _warm_up(pool, 1)
+        before = pool.worker_pids
+        outcomes = pool.score(f"{HELPERS}:obeys", [("p", c, {}) for c in completions])
+        assert outcomes[1] == outcomes[22] == ScoreOutcome(None, error)
+        assert [outcomes[i].value for i in range(40) if i not in (1, 22)] == \
+            [float(len(c)) for i, c in enumerate(completions) if i not in (1, 22)]
+        assert len(pool.worker_pids) == 1 and pool.worker_pids != before
+    _assert_gone(before)
+
+
+@pytest.mark.timeout(60)
+def test_many_samples_over_two_workers_keep_their_order() -> None:
+    with ScoringPool(num_workers=2, timeout_s=5) as pool:
+        outcomes = pool.score(f"{HELPERS}:length", [("p", "a" * n, {}) for n in range(300)])
+    assert outcomes == [ScoreOutcome(float(n)) for n in range(300)]
+
+
+@pytest.mark.timeout(60)
 def test_workers_run_in_parallel() -> None:
     with ScoringPool(num_workers=2, timeout_s=5) as pool:
         _warm_up(pool)

@@ -5,6 +5,12 @@ Reward actors call their scorers off the main thread, so a time limit cannot use
 deadline is killed and replaced, and one that dies costs only its current sample.
 Workers are started with the "spawn" context (the caller may be a threaded Ray actor)
 and get the caller's `sys.path` as it was when the pool was created.
+
+A worker is handed a run of samples at a time (about a quarter of its share of what is
+left), which it scores one after the other, reporting each start and result: a sample
+sent alone costs a round trip between two processes (0.12 ms, against microseconds for
+a rule reward: 256 answers took 30 ms one by one). The samples of a run after one that
+hangs or kills its worker go back in the queue for the next worker.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any, cast
 
@@ -25,6 +31,7 @@ from typing import Any, cast
 # then (worker start-up, importing the scorer) this longer limit applies.
 _LOAD_TIMEOUT_S = 60.0
 _STOP_GRACE_S = 1.0
+_RUNS_PER_WORKER = 4  # each worker's share of the queue is handed out in about this many runs
 
 Item = tuple[str, str, dict[str, Any]]
 
@@ -67,29 +74,36 @@ def exception_outcome(exc: BaseException) -> ScoreOutcome:
 
 
 def _worker_main(conn: Connection, sys_path: list[str]) -> None:
-    """Serve (index, fn_spec, item) requests until a None arrives."""
+    """Serve (fn_spec, [(index, item), ...]) requests until a None arrives: each item is
+    reported as started, then done with its outcome."""
     sys.path[:] = sys_path
     functions: dict[str, Callable[..., Any]] = {}
     while (request := conn.recv()) is not None:
-        index, fn_spec, item = request
-        try:
-            if fn_spec not in functions:
-                functions[fn_spec] = _resolve(fn_spec)
-        except Exception as exc:
-            conn.send(("done", index, exception_outcome(exc)))
-            continue
-        conn.send(("started", index, None))
-        conn.send(("done", index, _call(functions[fn_spec], item)))
+        fn_spec, run = request
+        for index, item in run:
+            try:
+                if fn_spec not in functions:
+                    functions[fn_spec] = _resolve(fn_spec)
+            except Exception as exc:
+                conn.send(("done", index, exception_outcome(exc)))
+                continue
+            conn.send(("started", index, None))
+            conn.send(("done", index, _call(functions[fn_spec], item)))
 
 
 @dataclass
 class _Worker:
-    """A worker process, our end of its pipe, and the sample it is running."""
+    """A worker process, our end of its pipe, and the samples it was handed and has not
+    finished, in order (the first is the one it is running or about to run)."""
 
     process: multiprocessing.process.BaseProcess
     conn: Connection
-    index: int | None = None
+    run: deque[int] = field(default_factory=deque)
     deadline: float = math.inf
+
+    @property
+    def index(self) -> int | None:
+        return self.run[0] if self.run else None
 
 
 class ScoringPool:
@@ -126,10 +140,10 @@ class ScoringPool:
             while pending or any(w.index is not None for w in self._workers):
                 for worker in self._workers:
                     if worker.index is None and pending:
-                        self._dispatch(worker, pending.popleft(), fn_spec, items)
+                        self._dispatch(worker, pending, fn_spec, items)
                 self._wait_for_events()
                 for position, worker in enumerate(self._workers):
-                    self._collect(position, worker, outcomes)
+                    self._collect(position, worker, outcomes, pending)
             return cast(list[ScoreOutcome], outcomes)
 
     def close(self) -> None:
@@ -153,10 +167,12 @@ class ScoringPool:
         theirs.close()
         return _Worker(process, ours)
 
-    def _dispatch(self, worker: _Worker, index: int, fn_spec: str, items: list[Item]) -> None:
-        worker.index = index
+    def _dispatch(self, worker: _Worker, pending: deque[int], fn_spec: str, items: list[Item]) -> None:
+        """Hand `worker` the next run of pending samples."""
+        size = math.ceil(len(pending) / (_RUNS_PER_WORKER * len(self._workers)))
+        worker.run = deque(pending.popleft() for _ in range(size))
         worker.deadline = time.monotonic() + _LOAD_TIMEOUT_S
-        worker.conn.send((index, fn_spec, items[index]))
+        worker.conn.send((fn_spec, [(index, items[index]) for index in worker.run]))
 
     def _wait_for_events(self) -> None:
         """Block until a busy worker sends, dies or reaches its deadline."""
@@ -166,32 +182,36 @@ class ScoringPool:
         timeout = max(0.0, min(w.deadline for w in busy) - time.monotonic())
         wait([w.conn for w in busy] + [w.process.sentinel for w in busy], timeout)
 
-    def _collect(self, position: int, worker: _Worker, outcomes: list[ScoreOutcome | None]) -> None:
+    def _collect(self, position: int, worker: _Worker, outcomes: list[ScoreOutcome | None],
+                 pending: deque[int]) -> None:
         """Read what `worker` sent; replace it if it died or overran its deadline."""
         if worker.index is None:
             return
         try:
             while worker.index is not None and worker.conn.poll():
                 kind, index, outcome = worker.conn.recv()
-                if kind == "started":
-                    worker.deadline = time.monotonic() + self._timeout_s
-                else:
-                    outcomes[index], worker.index = outcome, None
+                # (the next sample starts right after a result: its deadline runs from there)
+                worker.deadline = time.monotonic() + self._timeout_s
+                if kind == "done":
+                    outcomes[index] = outcome
+                    worker.run.popleft()
         except (EOFError, OSError):
-            self._replace(position, ScoreOutcome(None, "worker died"), outcomes)
+            self._replace(position, ScoreOutcome(None, "worker died"), outcomes, pending)
             return
         if worker.index is None:
             return
         if not worker.process.is_alive():
-            self._replace(position, ScoreOutcome(None, "worker died"), outcomes)
+            self._replace(position, ScoreOutcome(None, "worker died"), outcomes, pending)
         elif time.monotonic() >= worker.deadline:
-            self._replace(position, ScoreOutcome(None, "timeout"), outcomes)
+            self._replace(position, ScoreOutcome(None, "timeout"), outcomes, pending)
 
-    def _replace(
-        self, position: int, outcome: ScoreOutcome, outcomes: list[ScoreOutcome | None]
-    ) -> None:
+    def _replace(self, position: int, outcome: ScoreOutcome, outcomes: list[ScoreOutcome | None],
+                 pending: deque[int]) -> None:
+        """The worker's current sample gets `outcome`, the rest of its run goes back to the
+        front of the queue, and a fresh process takes its place."""
         worker = self._workers[position]
-        outcomes[worker.index] = outcome
+        outcomes[worker.run.popleft()] = outcome
+        pending.extendleft(reversed(worker.run))
         self._stop(worker, grace_s=0.0)
         self._workers[position] = self._start_worker()
 
