@@ -143,7 +143,7 @@ class RolloutConfig(Section):
     resources: dict[str, float] = resources_field("rollout worker")
     node_labels: dict[str, str] = node_labels_field("rollout worker")
     threads: int = Field(2, ge=1, description="torch threads per worker (CPU)")
-    chunk_prompts: int = Field(16, ge=1, description="prompts per engine call: each worker's share of a step is "
+    chunk_prompts: int = Field(32, ge=1, description="prompts per engine call: each worker's share of a step is "
                                "generated in chunks of this many, each scored as soon as it exists")
     group_size: int = Field(8, ge=2, description="G, completions per prompt")
     prompts_per_step: int = Field(32, ge=1, description="prompts per GRPO step; the batch is prompts_per_step*group_size")
