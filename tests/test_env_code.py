@@ -56,6 +56,9 @@ def test_python_tool_runs_code_in_the_sandbox_and_scores_the_final_answer():
     text.reset({"prompt": "p", "answer": "5"})
     assert text.step("```\nprint(1)\n```").observation == "\nOutput:\n1\n"
     assert text.step("It is \\boxed{4}").reward == 0.0
+    asked = PythonTool(prompt_field="question")  # GSM8K's rows (configs/math_tool.yaml)
+    assert asked.reset({"question": "How many?", "answer": "So #### 3"}).startswith("How many?\nYou may run Python")
+    assert asked.step("\\boxed{3}").reward == 1.0
 
 
 def test_arithmetic_retry_asks_again_and_discounts_the_second_attempt():

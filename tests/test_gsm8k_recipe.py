@@ -1,5 +1,6 @@
 """configs/gsm8k.yaml: it names the hub model and dataset, and it runs end to end on a tiny local
-chat model and a tiny local copy of GSM8K's hub layout, through the same config and data path."""
+chat model and a tiny local copy of GSM8K's hub layout, through the same config and data path;
+configs/math_tool.yaml over it (GSM8K with a Python interpreter as a tool) too."""
 
 import json
 from pathlib import Path
@@ -13,6 +14,7 @@ from grpo_dist.tasks.tiny import IM_END, save_tiny_model
 from grpo_dist.controller.loop import Trainer
 
 RECIPE = Path(__file__).resolve().parent.parent / "configs" / "gsm8k.yaml"
+TOOL = RECIPE.parent / "math_tool.yaml"
 # the recipe's GPU resources and sizes, scaled to two shared CPU cores; nothing about the data
 ON_TWO_CPUS = [
     "rollout.num_gpus=0", "rollout.num_cpus=0.5", "rollout.threads=1", "rollout.group_size=2",
@@ -67,3 +69,31 @@ def test_two_grpo_steps_of_the_recipe_on_local_copies(ray_cluster, tmp_path, loc
     for record in train:
         assert record["reward/math_answer/failures"] == 0  # every reference answer parsed
         assert record["rollout/logprob_diff_max"] < 0.05  # bf16 sampler and learner
+
+
+def test_the_tool_recipe_lays_the_interpreter_over_gsm8k():
+    config = load_config([RECIPE, TOOL])
+    assert config.env.name == "python_tool" and config.env.kwargs["prompt_field"] == config.data.prompt_field
+    assert [f.name for f in config.reward.functions] == ["env_reward"] == [config.reward.accuracy_from]
+    assert config.env.max_episode_tokens <= config.rollout.vllm.max_model_len
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_two_grpo_steps_of_the_tool_recipe_on_local_copies(ray_cluster, tmp_path, local_copies):
+    """Episodes open with GSM8K's question, the sandbox answers the model's code, and every
+    episode ends scored (a tiny random model rarely writes a block: its replies are answers)."""
+    config = load_config([RECIPE, TOOL], [
+        *ON_TWO_CPUS, *local_copies, "rollout.engine=transformers", f"trainer.output_dir={tmp_path}",
+        "trainer.run_name=run", "env.max_episode_tokens=900", "env.max_observation_tokens=48",
+        "env.concurrency=4", "trainer.samples_every=1"])
+    summary = Trainer(config, tmp_path / "run").run()
+    assert summary["steps"] == 2
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    for record in [r for r in records if r["kind"] == "train"]:
+        assert record["env/failed"] == 0 and record["reward/env_reward/failures"] == 0
+        assert 1 <= record["env/turns_mean"] <= record["env/turns_max"] <= 4
+    samples = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
+    opening = samples[0]["completions"][0]["episode"]["transcript"][0]
+    assert opening["role"] == "user" and "You may run Python" in opening["content"]
+    assert opening["content"].split("\nYou may run Python")[0] in samples[0]["prompt"]  # the row's question

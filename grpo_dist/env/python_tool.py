@@ -4,7 +4,8 @@ A reply holding a ```python block runs the last such block in the sandbox
 (reward/unit_tests.py: the model's code runs there, never here) and its stdout and stderr come
 back as a tool message; a reply without one is the final answer, scored by `math_answer`
 against the row's `answer` (1.0 or 0.0), and ends the episode. A model without a chat template
-gets the output as text: set `tool_role: null`.
+gets the output as text: set `tool_role: null`. The question is the row's `prompt_field`
+(configs/math_tool.yaml: GSM8K's `question`).
 """
 
 from __future__ import annotations
@@ -24,14 +25,14 @@ PYTHON_BLOCK = re.compile(r"```(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTAL
 
 class PythonTool(Environment):
     def __init__(self, timeout_s: float = 5.0, memory_mb: int = 512, max_output_chars: int = 2000,
-                 tool_role: str | None = "tool") -> None:
+                 tool_role: str | None = "tool", prompt_field: str = "prompt") -> None:
         self.limits = {"timeout_s": timeout_s, "memory_mb": memory_mb}
-        self.max_output_chars, self.tool_role = max_output_chars, tool_role
+        self.max_output_chars, self.tool_role, self.prompt_field = max_output_chars, tool_role, prompt_field
         self.answer, self.calls = "", 0
 
     def reset(self, row: dict[str, Any]) -> str:
         self.answer = str(row["answer"])
-        return row["prompt"] + INSTRUCTIONS
+        return row[self.prompt_field] + INSTRUCTIONS
 
     def step(self, reply: str) -> Step:
         blocks = PYTHON_BLOCK.findall(reply)
