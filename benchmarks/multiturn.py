@@ -8,7 +8,9 @@ The engine is the transformers engine on a tiny ChatML Llama (built here, nothin
 the environment answers each reply after `--step-s` seconds (an async sleep: a sandbox or a
 tool call's latency) with a short user message, until `--turns` replies. The baseline plays the
 same episodes one after another with the same runner (rows of one episode each, the same seeds),
-so both sides produce identical episodes; the table gives the median of `--repeats` runs.
+so both sides produce identical episodes; the table gives the median of `--repeats` runs and the
+share of each run's wall time the engine spent outside `generate`: waiting on environments (and
+the runner's own work between rounds).
 """
 
 from __future__ import annotations
@@ -46,6 +48,20 @@ class Echo(Environment):
         return Step(done=True, reward=1.0) if self.turns == 0 else Step(observation=f"{self.turns} left, again")
 
 
+class TimedEngine:
+    """An engine that counts the seconds spent in its `generate`."""
+
+    def __init__(self, engine: HFEngine) -> None:
+        self.engine, self.busy_s = engine, 0.0
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return self.engine.generate(*args, **kwargs)
+        finally:
+            self.busy_s += time.perf_counter() - started
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--episodes", type=int, default=32)
@@ -62,10 +78,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     folder = tempfile.mkdtemp(prefix="multiturn_bench_")
     save_tiny_model(folder, "llama", chat=True, max_positions=1024, generation_config={"eos_token_id": [IM_END]})
-    engine = HFEngine(folder)
+    engine = TimedEngine(HFEngine(folder))
     env = EnvConfig(name="__main__:Echo", kwargs={"turns": args.turns, "delay_s": args.step_s},
                     max_turns=args.turns, max_episode_tokens=1024, concurrency=args.episodes)
-    runner = EpisodeRunner(engine, engine.tokenizer, env)
+    runner = EpisodeRunner(engine, engine.engine.tokenizer, env)
     sampling = SamplingSettings(n=1, temperature=1.0, max_new_tokens=args.max_new_tokens)
     rows = [{"prompt": f"Count down from {i}."} for i in range(args.episodes)]
     seeds = [prompt_seed(0, 0, i) for i in range(args.episodes)]
@@ -77,19 +93,23 @@ def main() -> None:
         return [runner.run([row], sampling, [seed])[0][0] for row, seed in zip(rows, seeds)]
 
     timings: dict[str, list[float]] = {"one episode at a time (baseline)": [], "turn-batched": []}
+    waiting: dict[str, list[float]] = {name: [] for name in timings}
     for _ in range(args.repeats):
         for name, play in (("one episode at a time (baseline)", one_at_a_time), ("turn-batched", batched)):
-            started = time.perf_counter()
+            engine.busy_s, started = 0.0, time.perf_counter()
             episodes = play()
-            timings[name].append(time.perf_counter() - started)
+            seconds = time.perf_counter() - started
+            timings[name].append(seconds)
+            waiting[name].append(1 - engine.busy_s / seconds)
             assert all(e.error is None for e in episodes)
     print(f"{args.episodes} episodes x {args.turns} turns, {args.max_new_tokens} new tokens per turn, "
           f"environment step {args.step_s} s, torch threads {args.threads}, median of {args.repeats}\n")
-    print("| mode | seconds | episodes/s | speedup |\n|---|---|---|---|")
+    print("| mode | seconds | episodes/s | speedup | engine waiting |\n|---|---|---|---|---|")
     base = statistics.median(timings["one episode at a time (baseline)"])
     for name, values in timings.items():
         seconds = statistics.median(values)
-        print(f"| {name} | {seconds:.2f} | {args.episodes / seconds:.1f} | {base / seconds:.1f}x |")
+        print(f"| {name} | {seconds:.2f} | {args.episodes / seconds:.1f} | {base / seconds:.1f}x "
+              f"| {statistics.median(waiting[name]):.0%} |")
 
 
 if __name__ == "__main__":
