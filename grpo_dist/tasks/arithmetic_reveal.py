@@ -10,11 +10,14 @@ with the loss on the two replies only: the first reply is the visible addend (a 
 only when the hidden one is 0), S is carry-confused as in the default warm start (the true sum
 for `correct_fraction` of the examples, the digit-wise sum without carries for the rest), so
 the second turn has the default task's headroom. The shipped model
-(`grpo_dist/tasks/assets/arithmetic_reveal/model`; the data are the default task's) is two runs,
-the second continuing the first (200 steps at 1e-3 left the second turn's sums off by a digit):
+(`grpo_dist/tasks/assets/arithmetic_reveal/model`; the data are the default task's) is this
+command's defaults, 4000 steps at 2e-3 from the default model (7 minutes on 2 quiet cores):
 
-    python -m grpo_dist.tasks.arithmetic_reveal --out /tmp/reveal200
-    python -m grpo_dist.tasks.arithmetic_reveal --init /tmp/reveal200 --steps 150 --lr 3e-3 --seed 1
+    python -m grpo_dist.tasks.arithmetic_reveal
+
+Fewer steps leave the second turn's sums off by a digit (350 steps: 10% right greedily, and
+GRPO had too little to promote); after 4000, greedy second turns are right on 29% of the
+held-out rows, about the carry-free ones, as with the default task.
 """
 
 from __future__ import annotations
@@ -75,10 +78,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--init", type=Path, default=ASSET_DIR / "model", help="the model to fine-tune")
     parser.add_argument("--out", type=Path, default=OUT_DIR)
-    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--steps", type=int, default=4000)
     parser.add_argument("--correct-fraction", type=float, default=0.3)
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
