@@ -53,5 +53,5 @@ def stream_checksum(named: Iterable[tuple[str, torch.Tensor]]) -> str:
     for name, tensor in named:
         tensor = tensor.detach().to("cpu").contiguous()
         digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
-        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")  # (0-dim too)
+        digest.update(_flat_bytes(tensor).tobytes() if tensor.numel() else b"")
     return digest.hexdigest()
