@@ -1,8 +1,9 @@
-"""Episodes per second: turn-batched (one engine call per round for every active episode) against
-one episode at a time, over the same engine, environment and seeds.
+"""Episodes per second: turn-batched (one engine call per round for every active episode), and
+turn-batched in `--waves` waves (env.waves: one wave's environment steps run while another
+generates), against one episode at a time, over the same engine, environment and seeds.
 
     python benchmarks/multiturn.py [--episodes 32] [--turns 4] [--max-new-tokens 16] [--step-s 0.05]
-                                   [--repeats 3]
+                                   [--repeats 3] [--waves 2]
 
 The engine is the transformers engine on a tiny ChatML Llama (built here, nothing downloaded);
 the environment answers each reply after `--step-s` seconds (an async sleep: a sandbox or a
@@ -70,6 +71,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--step-s", type=float, default=0.05)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--waves", type=int, default=2, help="env.waves of the third mode")
     return parser.parse_args()
 
 
@@ -82,6 +84,7 @@ def main() -> None:
     env = EnvConfig(name="__main__:Echo", kwargs={"turns": args.turns, "delay_s": args.step_s},
                     max_turns=args.turns, max_episode_tokens=1024, concurrency=args.episodes)
     runner = EpisodeRunner(engine, engine.engine.tokenizer, env)
+    in_waves = EpisodeRunner(engine, engine.engine.tokenizer, env.model_copy(update={"waves": args.waves}))
     sampling = SamplingSettings(n=1, temperature=1.0, max_new_tokens=args.max_new_tokens)
     rows = [{"prompt": f"Count down from {i}."} for i in range(args.episodes)]
     seeds = [prompt_seed(0, 0, i) for i in range(args.episodes)]
@@ -89,13 +92,18 @@ def main() -> None:
     def batched() -> list:
         return [group[0] for group in runner.run(rows, sampling, seeds)]
 
+    def waves() -> list:
+        return [group[0] for group in in_waves.run(rows, sampling, seeds)]
+
     def one_at_a_time() -> list:
         return [runner.run([row], sampling, [seed])[0][0] for row, seed in zip(rows, seeds)]
 
-    timings: dict[str, list[float]] = {"one episode at a time (baseline)": [], "turn-batched": []}
+    modes = {"one episode at a time (baseline)": one_at_a_time, "turn-batched": batched,
+             f"turn-batched, {args.waves} waves": waves}
+    timings: dict[str, list[float]] = {name: [] for name in modes}
     waiting: dict[str, list[float]] = {name: [] for name in timings}
     for _ in range(args.repeats):
-        for name, play in (("one episode at a time (baseline)", one_at_a_time), ("turn-batched", batched)):
+        for name, play in modes.items():
             engine.busy_s, started = 0.0, time.perf_counter()
             episodes = play()
             seconds = time.perf_counter() - started

@@ -99,3 +99,20 @@ class BadEnv(Countdown):
 
 class NotAnEnvironment:
     """A class that does not subclass Environment (refused by name)."""
+
+
+class TimedCountdown(Countdown):
+    """Countdown whose sync steps take `delay_s` each and are logged, with the episode's seed, in
+    the class list `steps` as (seed, started, ended) perf_counter times."""
+
+    steps: list[tuple[int, float, float]] = []
+
+    def __init__(self, turns: int = 3, delay_s: float = 0.1) -> None:
+        super().__init__(turns)
+        self.delay_s = delay_s
+
+    def step(self, reply: str) -> Step:
+        started = time.perf_counter()
+        time.sleep(self.delay_s)
+        TimedCountdown.steps.append((self.seed, started, time.perf_counter()))
+        return super().step(reply)

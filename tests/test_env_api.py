@@ -31,10 +31,10 @@ def test_environments_load_by_name_and_bad_names_say_why():
 
 def test_the_env_section_validates_every_field():
     config = EnvConfig(name="env_helpers:Countdown", kwargs={"turns": 2})
-    assert (config.max_turns, config.history, config.concurrency) == (4, "append", 32)
+    assert (config.max_turns, config.history, config.concurrency, config.waves) == (4, "append", 32, 1)
     with pytest.raises(ValueError, match=r"env.kwargs \['bogus'\] do not fit Countdown"):
         EnvConfig(name="env_helpers:Countdown", kwargs={"bogus": 1})
-    for field, value in [("max_turns", 0), ("max_observation_tokens", 0), ("concurrency", 0), ("history", "all"),
+    for field, value in [("max_turns", 0), ("max_observation_tokens", 0), ("concurrency", 0), ("waves", 0), ("history", "all"),
                          ("step_timeout_s", 0)]:
         with pytest.raises(ValueError, match=field):
             EnvConfig(name="env_helpers:Countdown", **{field: value})

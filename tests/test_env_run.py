@@ -23,15 +23,15 @@ def test_the_recipe_validates():
 
 @pytest.mark.timeout(400)
 @pytest.mark.slow  # a whole run
-@pytest.mark.parametrize("history", ["append", "per_turn"])
-def test_two_steps_of_code_feedback_episodes(ray_cluster, tmp_path, history):
+@pytest.mark.parametrize(("history", "waves"), [("append", 1), ("per_turn", 2)])
+def test_two_steps_of_code_feedback_episodes(ray_cluster, tmp_path, history, waves):
     # llama: a saved qwen2 checkpoint reloads its tokenizer as one that drops whitespace
     save_tiny_model(tmp_path / "model", "llama", chat=True, max_positions=1024,
                     generation_config={"eos_token_id": [IM_END]})
     config = load_config([RECIPE, FEEDBACK], [
         *ON_TWO_CPUS, f"model.path={tmp_path / 'model'}", f"trainer.output_dir={tmp_path}", "trainer.run_name=run",
         "env.max_turns=2", "env.max_episode_tokens=900", "env.max_observation_tokens=48", "env.concurrency=4",
-        "trainer.samples_every=1", f"env.history={history}"])
+        "trainer.samples_every=1", f"env.history={history}", f"env.waves={waves}"])
     summary = Trainer(config, tmp_path / "run").run()
     assert summary["steps"] == 2
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

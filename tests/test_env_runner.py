@@ -89,10 +89,11 @@ def test_turn_batching_changes_no_episode(engine):
             assert episode.replies == alone[i][0][j].replies
 
 
-def test_a_bad_environment_costs_its_episode_never_the_run(engine):
+@pytest.mark.parametrize("waves", [1, 2])
+def test_a_bad_environment_costs_its_episode_never_the_run(engine, waves):
     rows = [{**ROWS[0], "bad": bad} for bad in ("none", "raise", "malformed", "hang")]
     started = time.perf_counter()
-    groups = play(engine, rows=rows, n=1, step_timeout_s=1.0, name="env_helpers:BadEnv")
+    groups = play(engine, rows=rows, n=1, step_timeout_s=1.0, name="env_helpers:BadEnv", waves=waves)
     assert time.perf_counter() - started < 30  # the hanging step was abandoned after 1 s
     good, raised, malformed, hung = (group[0] for group in groups)
     assert good.error is None and good.stop_reason == "done"
@@ -117,6 +118,78 @@ def test_environment_calls_run_concurrently(engine):
     steps = sum(g[0].step_s for g in groups)  # 8 episodes x (reset + 2 steps) x 0.5 s = 12 s one at a time
     assert steps >= 11.5 and wall < 6, (steps, wall)
     assert all(g[0].stop_reason == "done" for g in groups)
+
+
+class LoggedEngine:
+    """The real engine, each call made to last at least `min_s` (a bigger model's generation) and
+    logged as (episode seeds served, started, ended)."""
+
+    def __init__(self, engine: HFEngine, min_s: float) -> None:
+        self.engine, self.min_s, self.calls = engine, min_s, []
+
+    def generate(self, prompt_ids, sampling, seeds):
+        started = time.perf_counter()
+        outputs = self.engine.generate(prompt_ids, sampling, seeds)
+        time.sleep(max(0.0, self.min_s - (time.perf_counter() - started)))
+        self.calls.append((seeds, started, time.perf_counter()))
+        return outputs
+
+
+@pytest.mark.parametrize("waves", [1, 2])
+def test_waves_overlap_environment_steps_with_generation_and_change_no_episode(engine, waves):
+    """With 2 waves each wave's steps run while the other wave generates; with 1 (lock-step) no
+    step overlaps a call. Either way every call serves a fixed set of episodes and the episodes
+    are the lock-step ones, token for token and logprob for logprob."""
+    from env_helpers import TimedCountdown
+
+    rows = [dict(ROWS[i % 2]) for i in range(4)]
+    config = EnvConfig(name="env_helpers:TimedCountdown", kwargs={"turns": 3, "delay_s": 0.15}, waves=waves)
+    sampling = SamplingSettings(n=2, temperature=1.0, max_new_tokens=4)
+    seeds = [prompt_seed(5, 0, i) for i in range(len(rows))]
+    logged = LoggedEngine(engine, min_s=0.3)
+    TimedCountdown.steps.clear()
+    groups = EpisodeRunner(logged, engine.tokenizer, config).run(rows, sampling, seeds)
+    episodes = [episode for group in groups for episode in group]
+    assert all(e.stop_reason == "done" and e.turns == 3 for e in episodes)
+    # each call serves one wave's episodes, the same every turn: the first half or the second
+    halves = [{e.seed for e in episodes[:4]}, {e.seed for e in episodes[4:]}]
+    served = [{seed for seed in episode_seeds} for episode_seeds, _, _ in logged.calls]
+    turn_seeds = {completion_seed(e.seed, t): e.seed for e in episodes for t in range(3)}
+    served = [{turn_seeds[s] for s in call} for call in served]
+    assert served == ([halves[0] | halves[1]] * 3 if waves == 1 else [halves[0], halves[1]] * 3)
+    overlapping = [(seed, call) for seed, s0, s1 in TimedCountdown.steps for call in logged.calls
+                   if s0 < call[2] and call[1] < s1]
+    if waves == 1:
+        assert overlapping == []
+    else:  # every step but the last wave's last overlaps the other wave's call, never its own
+        assert len({(seed, s0) for seed, s0, _ in TimedCountdown.steps}) == 24
+        assert len({seed for seed, _ in overlapping}) == 8
+        assert all(turn_seeds[s] != seed for seed, call in overlapping for s in call[0])
+    lock_step = play(engine, rows=rows, n=2, seeds=seeds, max_new_tokens=4, kwargs={"turns": 3})
+    for episode, reference in zip(episodes, [e for group in lock_step for e in group]):
+        assert episode.samples()[0].ids == reference.samples()[0].ids
+        if waves == 1:  # the same batches as lock-step: the same numbers to the bit
+            assert episode.samples()[0].logprobs == reference.samples()[0].logprobs
+
+
+def test_sync_environment_calls_reuse_their_threads_and_a_hung_one_holds_only_its_own():
+    import threading
+
+    from grpo_dist.env.base import DaemonThreads
+
+    before = set(threading.enumerate())
+    threads, release = DaemonThreads(), threading.Event()
+    threads.run(release.wait)  # hangs until released
+    finished = []
+    for k in range(50):
+        threads.run(lambda k=k: finished.append(k))
+        deadline = time.perf_counter() + 5
+        while len(finished) <= k and time.perf_counter() < deadline:
+            time.sleep(0.001)
+    assert finished == list(range(50))  # none waited on the hung job
+    started = set(threading.enumerate()) - before
+    assert len(started) == 2 and all(t.daemon for t in started)  # the hung job's, and one for all the others
+    release.set()
 
 
 def test_episodes_become_groups_that_train_and_score_on_the_models_tokens(engine):

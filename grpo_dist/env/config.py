@@ -20,6 +20,9 @@ class EnvConfig(Section):
     max_observation_tokens: int = Field(256, ge=1, description="an observation's content longer than this is cut "
                                         "to it (counted in env/observation_truncated)")
     concurrency: int = Field(32, ge=1, description="environment calls (reset, step) running at once per worker")
+    waves: int = Field(1, ge=1, description="the episodes of a chunk split into this many fixed waves that take "
+                       "turns on the engine, one wave's environment steps running while another generates; 1: "
+                       "every active episode in one engine call per round (largest batches, steps not overlapped)")
     step_timeout_s: float = Field(30.0, gt=0, description="deadline of one reset or step; past it the episode fails")
     history: Literal["append", "per_turn"] = Field(
         "append", description="append: one sample per episode, the turns appended token for token (a template "

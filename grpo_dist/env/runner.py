@@ -3,9 +3,14 @@
 `EpisodeRunner.run(rows, sampling, seeds)` plays G = sampling.n episodes per row, one
 Environment instance each, in rounds: one engine call samples the next reply of every
 active episode (one call, so one policy version; every turn of an episode is on this
-engine), then every environment step of the round runs concurrently, at most
-env.concurrency at once, each under env.step_timeout_s. An environment that raises,
-answers malformed or hangs costs its episode (`Episode.error`), never the run.
+engine), then the round's environment steps run concurrently, at most env.concurrency at
+once, each under env.step_timeout_s, on an event loop of their own (`EnvLoop`), never on
+the engine's thread. With env.waves = W > 1 the episodes are split into W fixed waves that
+take turns on the engine: while one wave generates, the others' steps run, so environment
+latency hides behind generation. A wave's membership never depends on timing, so every call
+serves the same episodes in every run (the engines' numbers depend on the batch). An
+environment that raises, answers malformed or hangs costs its episode (`Episode.error`),
+never the run.
 
 Seeds: episode j of row i is seeded `completion_seed(seeds[i], j)` (as completion j of a
 single-turn group is), and its turn t samples with `completion_seed(that, t)`.
@@ -14,8 +19,11 @@ single-turn group is), and its turn t samples with `completion_seed(that, t)`.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections import Counter
+from collections.abc import Coroutine
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -87,25 +95,34 @@ class EpisodeRunner:
         """`sampling.n` episodes per row, one list per row."""
         if len(seeds) != len(rows):
             raise ValueError(f"{len(rows)} rows but {len(seeds)} seeds")
-        return asyncio.run(self._run(rows, sampling, seeds))
+        with EnvLoop() as env_loop:
+            return self._play(rows, sampling, seeds, env_loop)
 
-    async def _run(self, rows: list[dict[str, Any]], sampling: SamplingSettings,
-                   seeds: list[int]) -> list[list[Episode]]:
+    def _play(self, rows: list[dict[str, Any]], sampling: SamplingSettings, seeds: list[int],
+              env_loop: EnvLoop) -> list[list[Episode]]:
+        """The engine calls, on this thread; every environment call on `env_loop`'s."""
         limit = asyncio.Semaphore(self.env.concurrency)
         episodes = [Episode(i, j, completion_seed(seed, j)) for i, seed in enumerate(seeds) for j in range(sampling.n)]
-        await asyncio.gather(*(self._reset(episode, rows[episode.row_index], limit) for episode in episodes))
+        settle([env_loop.submit(self._reset(episode, rows[episode.row_index], limit)) for episode in episodes])
+        waves = split(episodes, self.env.waves)
+        stepping: list[list[Future]] = [[] for _ in waves]  # each wave's environment steps in flight
         one = replace(sampling, n=1)
         for turn in range(self.env.max_turns):
-            active = [episode for episode in episodes if episode.active]
-            if not active:
-                break
-            inputs = [episode.trajectory.engine_input() for episode in active]  # type: ignore[union-attr]
-            outputs = self.engine.generate(inputs, one, [completion_seed(e.seed, turn) for e in active])
-            for episode, (completion,) in zip(active, outputs):
-                episode.replies.append(episode.trajectory.add_reply(  # type: ignore[union-attr]
-                    completion.token_ids, completion.logprobs, completion.finish_reason))
             last = turn == self.env.max_turns - 1
-            await asyncio.gather(*(self._step(episode, limit, last) for episode in active if episode.active))
+            for wave, in_flight in zip(waves, stepping):
+                settle(in_flight)  # this wave's steps of the previous turn ran during the other waves' calls
+                in_flight.clear()
+                active = [episode for episode in wave if episode.active]
+                if not active:
+                    continue
+                inputs = [episode.trajectory.engine_input() for episode in active]  # type: ignore[union-attr]
+                outputs = self.engine.generate(inputs, one, [completion_seed(e.seed, turn) for e in active])
+                for episode, (completion,) in zip(active, outputs):
+                    episode.replies.append(episode.trajectory.add_reply(  # type: ignore[union-attr]
+                        completion.token_ids, completion.logprobs, completion.finish_reason))
+                in_flight += [env_loop.submit(self._step(e, limit, last)) for e in active if e.active]
+        for in_flight in stepping:
+            settle(in_flight)
         return [episodes[i : i + sampling.n] for i in range(0, len(episodes), sampling.n)]
 
     async def _reset(self, episode: Episode, row: dict[str, Any], limit: asyncio.Semaphore) -> None:
@@ -149,6 +166,42 @@ class EpisodeRunner:
 
 def _describe(exc: Exception) -> str:
     return str(exc) if isinstance(exc, EnvError) else f"{type(exc).__name__}: {exc}"
+
+
+class EnvLoop:
+    """An event loop on a daemon thread of its own, where the environment calls of one `run` are
+    awaited, so that they run while the engine's thread generates (and a hung call, abandoned
+    at its deadline, never holds up the engine or the process's exit)."""
+
+    def __enter__(self) -> EnvLoop:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="env-loop")
+        self.thread.start()
+        return self
+
+    def submit(self, coroutine: Coroutine[Any, Any, None]) -> Future:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join()
+        self.loop.close()
+
+
+def settle(futures: list[Future]) -> None:
+    """Wait for every one of `futures`, raising the first error (a bug of the runner's own: an
+    environment's failures are its episode's and never reach here)."""
+    for future in futures:
+        future.result()
+
+
+def split(episodes: list[Episode], waves: int) -> list[list[Episode]]:
+    """`episodes` in `waves` contiguous parts of near-equal size (a row's episodes stay together
+    where the sizes allow), none empty."""
+    waves = min(waves, len(episodes)) or 1
+    size, extra = divmod(len(episodes), waves)
+    bounds = [w * size + min(w, extra) for w in range(waves + 1)]
+    return [episodes[bounds[w] : bounds[w + 1]] for w in range(waves)]
 
 
 def episode_sums(episodes: list[Episode]) -> dict[str, float]:
