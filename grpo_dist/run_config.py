@@ -194,6 +194,10 @@ class LearnerConfig(Section):
         None, ge=1, description="padded tokens (sequences x longest) per forward/backward; a longer sequence goes alone"
     )
     gradient_checkpointing: bool = Field(False, description="recompute activations in backward: less memory, more time")
+    share_prompts: bool = Field(
+        True, description="run each distinct prompt of a micro-batch once, its G completions attending to its keys "
+        "and values (the same logprobs and gradient up to float rounding, fewer tokens; learner/logprobs.py); "
+        "used where it cuts the tokens run by 20% or more; off with gradient_checkpointing or fsdp")
 
     @model_validator(mode="after")
     def _actor_reserves_resources(self) -> LearnerConfig:

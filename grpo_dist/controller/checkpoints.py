@@ -59,7 +59,7 @@ RESUMABLE = (
     # learner.sharding, whose checkpoints differ (fsdp: shards/ that reshard to any learner.num_ranks)
     "learner.num_cpus", "learner.num_gpus", "learner.resources", "learner.node_labels", "learner.num_ranks",
     "learner.threads", "learner.micro_batch_size", "learner.max_tokens_per_micro_batch",
-    "learner.gradient_checkpointing", "learner.offload",
+    "learner.gradient_checkpointing", "learner.offload", "learner.share_prompts",
     "rollout.engine", "rollout.placement", "rollout.num_workers", "rollout.num_cpus",
     "rollout.num_gpus", "rollout.threads", "rollout.vllm",
     "reward.num_workers", "reward.num_cpus", "reward.num_gpus", "reward.processes",

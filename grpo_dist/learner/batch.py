@@ -25,6 +25,7 @@ class TrainBatch:
     advantages: torch.Tensor  # [B]
     old_logprobs: torch.Tensor | None = None  # [B, L-1]
     ref_logprobs: torch.Tensor | None = None  # [B, L-1]
+    prefix_lengths: torch.Tensor | None = None  # [B]: the row's leading ids that its group's rows share (0: none)
 
     @classmethod
     def from_groups(cls, groups: list[Group], pad_id: int, advantages: torch.Tensor | None = None,
@@ -37,6 +38,7 @@ class TrainBatch:
         completion's `loss_mask` (multi-turn: 0 on the environment's tokens) multiplies its mask.
         """
         sequences, masks, sampler, owners = [], [], [], []  # owners[r]: the completion row r comes from
+        prefixes = []
         completions = [(group.prompt_ids, completion) for group in groups for completion in group.completions]
         for index, (prompt_ids, completion) in enumerate(completions):
             in_loss = int(not (mask_truncated and completion.finish_reason == "length"))
@@ -45,6 +47,7 @@ class TrainBatch:
                 masks.append([in_loss * m for m in loss_mask[1:]])  # position t scores token t+1
                 sampler.append(logprobs[1:])
                 owners.append(index)
+                prefixes.append(len(prompt_ids) if completion.turns is None else 0)
         width = max(len(seq) for seq in sequences)
 
         def pad(rows: list[list], value: float | int, length: int) -> list[list]:
@@ -56,6 +59,7 @@ class TrainBatch:
             mask=torch.tensor(pad(masks, 0, width - 1), dtype=torch.float32),
             sampler_logprobs=torch.tensor(pad(sampler, 0.0, width - 1), dtype=torch.float32),
             advantages=torch.zeros(len(sequences)) if advantages is None else advantages.float()[torch.tensor(owners)],
+            prefix_lengths=torch.tensor(prefixes),
         )
 
     @classmethod
@@ -95,6 +99,7 @@ class TrainBatch:
             advantages=self.advantages[rows],
             old_logprobs=per_token(self.old_logprobs),
             ref_logprobs=per_token(self.ref_logprobs),
+            prefix_lengths=None if self.prefix_lengths is None else self.prefix_lengths[rows],
         )
 
     def to(self, device: torch.device | str) -> TrainBatch:

@@ -59,6 +59,10 @@ class Learner:
         compute, self.load_device = ("float32", "cpu") if learner.sharding == "fsdp" else (model.dtype, self.device)
         self.weights = load_policy(model.path, compute, self.load_device, learner.gradient_checkpointing, learner.lora)
         self.policy = self.weights.model  # computes pi_theta; in model.dtype (LoRA: the adapters in float32)
+        # a prompt's keys and values shared by its completions. Not with gradient checkpointing (it runs
+        # without a cache) nor fsdp (each forward gathers the shards: every rank must run as many)
+        self.share_prompts = (learner.share_prompts and not learner.gradient_checkpointing
+                              and learner.sharding != "fsdp")
         self.reference = self._reference(model) if algo.beta > 0 else None
         self.optimizer = torch.optim.AdamW(self.weights.params, lr=algo.lr, weight_decay=algo.weight_decay)
         self.scheduler = make_scheduler(self.optimizer, algo, total_steps)
@@ -221,7 +225,8 @@ class Learner:
                 continue
             micro = batch.select(micro_rows).to(self.device)
             logprobs, entropy = token_logprobs(self.policy, micro.input_ids, micro.attention_mask,
-                                               self.rollout.temperature, with_entropy=True)
+                                               self.rollout.temperature, with_entropy=True,
+                                               prefix_lengths=micro.prefix_lengths if self.share_prompts else None)
             if fill_old:
                 micro.old_logprobs = torch.where(micro.mask.bool(), logprobs.detach(), 0.0)
                 batch.old_logprobs[micro_rows, : logprobs.shape[1]] = micro.old_logprobs.cpu()
@@ -270,7 +275,7 @@ class Learner:
         rows = torch.arange(len(batch)) if rows is None else rows
         micro_batches = self.ranks.pad(batch.micro_batches(rows, self.learner.micro_batch_size,
                                                            self.learner.max_tokens_per_micro_batch))
-        return batch_logprobs(model, batch, micro_batches, self.rollout.temperature, self.device)
+        return batch_logprobs(model, batch, micro_batches, self.rollout.temperature, self.device, self.share_prompts)
 
     def _shared_logprobs(self, model: Callable[..., Any], batch: TrainBatch) -> torch.Tensor:
         """`_logprobs` of the whole batch, each rank computing its share (the sum over ranks is the whole)."""
