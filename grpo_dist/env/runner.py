@@ -196,8 +196,8 @@ def settle(futures: list[Future]) -> None:
 
 
 def split(episodes: list[Episode], waves: int) -> list[list[Episode]]:
-    """`episodes` in `waves` contiguous parts of near-equal size (a row's episodes stay together
-    where the sizes allow), none empty."""
+    """`episodes` in `waves` contiguous parts of near-equal size, none empty (fewer parts than
+    `waves` when there are fewer episodes)."""
     waves = min(waves, len(episodes)) or 1
     size, extra = divmod(len(episodes), waves)
     bounds = [w * size + min(w, extra) for w in range(waves + 1)]
