@@ -17,7 +17,8 @@ from typing import Any
 import ray
 
 from grpo_dist.controller.actors import LearnerWatch
-from grpo_dist.waits import ActorLost, CallTimeout, ObjectLost, cause_line, fetch, fetch_each, first_line
+from grpo_dist.waits import (ActorLost, CallTimeout, ObjectLost, cause_line, fetch, fetch_each, first_line,
+                             timeout_error)
 from grpo_dist.weights import WeightSync
 from grpo_dist.weights.errors import WeightSyncError
 
@@ -100,6 +101,17 @@ class WeightPublisher:
                 raise WeightSyncError(f"rollout worker {index}: load weights version {check.version} failed: {why}")
             self.verified = max(self.verified, check.version)
         return lost, hung
+
+    def check_learner_exported(self) -> None:
+        """The learner's CallTimeout when the latest weight export (object store transport), which
+        a rollout worker's load waits for, is not done within `timeout_s`: then a late rollout call
+        is the frozen learner's doing, and killing the worker would not help (its restart waits on
+        the same learner). A broadcast's send waits on every worker, so it tells nothing."""
+        exported = getattr(self.sync, "exported", None)
+        if exported is not None:
+            ready, _ = ray.wait([exported], timeout=self.timeout_s, fetch_local=False)
+            if not ready:
+                raise timeout_error([exported], ["learner: export_weights"], [exported], self.timeout_s)
 
     def push_now(self, version: int) -> None:
         """Send `version` to every engine and wait until each serves it, verified whatever

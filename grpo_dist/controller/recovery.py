@@ -88,8 +88,11 @@ class Supervisor:
     def kill_hung(self, role: str, index: int, why: str) -> None:
         """The actor's call `why` ran past its time: kill its process so that Ray starts it again,
         count it in `<role>/hangs`, and wait until Ray has begun the restart (so that `revive`
-        waits for the new process, not the old one). ActorGone when Ray will not restart it."""
+        waits for the new process, not the old one). ActorGone when Ray will not restart it; the
+        learner's CallTimeout when the weights a rollout worker waits for never left the learner."""
         self.learner.check_alive()
+        if role == "rollout":
+            self.weights.check_learner_exported()
         handle = self.actors[role][index]
         _, before = actor_state(handle)
         ray.kill(handle, no_restart=False)

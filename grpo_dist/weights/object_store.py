@@ -15,12 +15,13 @@ class ObjectStoreSync:
 
     def __init__(self, learner: Any, rollouts: list[Any], verify: bool = True, timeout_s: float = 300.0) -> None:
         self.learner, self.rollouts, self.verify, self.timeout_s = learner, rollouts, verify, timeout_s
+        self.exported: ray.ObjectRef | None = None  # the latest export: what the workers' loads wait for
 
     def setup(self) -> None:
         pass
 
     def submit(self, version: int) -> list[ray.ObjectRef]:
-        weights = self.learner.export_weights.remote()  # an ObjectRef: stored once
+        weights = self.exported = self.learner.export_weights.remote()  # an ObjectRef: stored once
         return [w.load_weights.remote(weights, version, self.verify) for w in self.rollouts]
 
     def push(self, version: int) -> list[str | None]:
@@ -32,7 +33,7 @@ class ObjectStoreSync:
             raise WeightSyncError(str(late)) from None
 
     def repair(self, workers: list[int], version: int) -> dict[int, ray.ObjectRef]:
-        weights = self.learner.export_weights.remote()
+        weights = self.exported = self.learner.export_weights.remote()
         return {index: self.rollouts[index].load_weights.remote(weights, version, True) for index in workers}
 
     def close(self) -> None:
