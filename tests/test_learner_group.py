@@ -5,6 +5,7 @@ controller talks to. Comparisons step with SGD (see test_learner.make_learner: A
 step turns float noise in near-zero gradients into differences of up to lr).
 """
 
+import os
 import sys
 import time
 
@@ -15,7 +16,7 @@ from ray.util.placement_group import placement_group_table
 
 from conftest import small_config
 from grpo_dist.controller.loop import Trainer
-from grpo_dist.learner.group import ROUTES, LearnerGroup, offer_learner_methods, start_learner, unrouted
+from grpo_dist.learner.group import PEER_DEATH_GRACE_S, ROUTES, LearnerGroup, offer_learner_methods, start_learner, unrouted
 from grpo_dist.learner.worker import Learner
 from grpo_dist.waits import CallTimeout
 from grpo_dist.weights.checksum import state_checksum
@@ -117,6 +118,46 @@ def test_the_group_routes_combines_and_bounds_each_call(ray_cluster):
         group.load_state("state")
     with pytest.raises(CallTimeout, match=r"learner rank 0: save: not done after 3 s"):
         group.save("out")
+    for rank in group.ranks:
+        ray.kill(rank)
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class EndingRank:
+    """A rank whose train_step, after `delay_s`, raises (a collective's error) or ends its process."""
+
+    def __init__(self, how: str, delay_s: float) -> None:
+        self.how, self.delay_s = how, delay_s
+
+    def train_step(self, groups):
+        time.sleep(self.delay_s)
+        if self.how == "exit":
+            os._exit(1)
+        if self.how == "raise":
+            raise RuntimeError("gloo: Read error: Connection reset by peer")
+        time.sleep(60)
+
+
+def ending_group(*ends: tuple[str, float]) -> LearnerGroup:
+    group = LearnerGroup.__new__(LearnerGroup)
+    group.ranks, group.timeout_s, group.routes = [EndingRank.remote(*end) for end in ends], 30.0, ROUTES
+    ray.get([rank.__ray_ready__.remote() for rank in group.ranks])
+    return group
+
+
+def test_a_rank_whose_peer_died_reports_the_death_not_its_echo(ray_cluster):
+    """Rank 0's collective fails the moment its peer's process ends, before Ray knows the peer is
+    dead (the CI's fsdp run saw "Connection reset by peer" named as the cause): the group waits
+    briefly for the death and raises it. An exception with no dead peer raises as it is, once the
+    grace has passed even if a peer hangs."""
+    group = ending_group(("raise", 0.2), ("exit", 1.0))
+    with pytest.raises(ray.exceptions.RayActorError):
+        group.train_step([1])
+    group = ending_group(("raise", 0.2), ("hang", 0.0))
+    started = time.monotonic()
+    with pytest.raises(ray.exceptions.RayTaskError, match="Connection reset by peer"):
+        group.train_step([1])
+    assert time.monotonic() - started < PEER_DEATH_GRACE_S + 5
     for rank in group.ranks:
         ray.kill(rank)
 

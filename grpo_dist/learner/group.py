@@ -30,6 +30,7 @@ sends from rank 0 directly.
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -38,7 +39,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 
 from grpo_dist.config import AlgoConfig, Config, LearnerConfig, ModelConfig, RolloutConfig
 from grpo_dist.learner.worker import Learner
-from grpo_dist.waits import fetch
+from grpo_dist.waits import ActorLost, fetch
 from grpo_dist.controller.placement import in_bundle
 from grpo_dist.types import Group
 
@@ -90,12 +91,39 @@ def start_learner(config: Config, placement: PlacementGroup | None = None) -> An
     return ray.remote(Learner).options(num_cpus=learner.num_cpus, num_gpus=learner.num_gpus, **where).remote(*args)
 
 
+# How long an exception in one rank waits for news of a dead peer: a rank killed in a
+# collective makes its peers' gloo raise "Connection reset by peer" before Ray reports the death.
+PEER_DEATH_GRACE_S = 5.0
+
+
 def gather(futures: list[ray.ObjectRef], method: str, timeout_s: float) -> list[Any]:
     """Every rank's result of `method`, in order; the first failure raises as soon as it is known
     (not after the others: its peers may be blocked in a collective), and CallTimeout names the
-    ranks not done after `timeout_s`."""
+    ranks not done after `timeout_s`. An exception in a rank whose peer died raises the death
+    instead (`dead_peer`): that is the cause, the exception its echo."""
     names = [f"learner rank {rank}: {method}" for rank in range(len(futures))]
-    return fetch(futures, names, timeout_s, fail_fast=True)
+    try:
+        return fetch(futures, names, timeout_s, fail_fast=True)
+    except ActorLost:
+        raise
+    except ray.exceptions.RayTaskError as failed:
+        raise dead_peer(futures, PEER_DEATH_GRACE_S) or failed from None
+
+
+def dead_peer(futures: list[ray.ObjectRef], grace_s: float) -> ActorLost | None:
+    """The ActorLost error of the first of `futures` whose actor is found dead within `grace_s`, else None."""
+    deadline, pending = time.monotonic() + grace_s, list(futures)
+    while pending:
+        done, pending = ray.wait(pending, timeout=max(0.0, deadline - time.monotonic()), fetch_local=False)
+        if not done:
+            return None
+        try:
+            ray.get(done)
+        except ActorLost as lost:
+            return lost
+        except ray.exceptions.RayTaskError:
+            pass
+    return None
 
 
 class LearnerGroup:
