@@ -97,7 +97,7 @@ def trainer(request, ray_cluster, tmp_path_factory):
     """A trainer whose weights travel by broadcast over a gloo weight group (NcclSync on the CPU)."""
     config = small_config(tmp_path_factory.mktemp("runs"), f"rollout.engine={request.param}")
     trainer = Trainer(config, run_dir=tmp_path_factory.mktemp("run"))
-    trainer.start(lambda _, learner, rollouts: NcclSync(learner, rollouts, timeout_s=120, bucket_bytes=256 << 10,
+    trainer.start(lambda _, learner, rollouts: NcclSync(learner, rollouts, timeout_s=60, bucket_bytes=256 << 10,
                                                         backend="gloo"))
     yield trainer
     trainer.stop()
