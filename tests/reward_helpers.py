@@ -1,9 +1,10 @@
-"""Batched and async rewards for tests (imported through the registry)."""
+"""Batched, inline and async rewards for tests (imported through the registry)."""
 
 import asyncio
 import math
+import os
 
-from grpo_dist.reward.registry import batched
+from grpo_dist.reward.registry import batched, inline
 
 
 @batched
@@ -50,3 +51,13 @@ def first_correct(prompts: list[str], completions: list[str], group_size: int, *
         position = position + 1 if index and prompt == prompts[index - 1] else 0
         scores.append(float(position < known_correct_count(prompt, group_size)))
     return scores
+
+
+@inline
+def inline_digits(prompt: str, completion: str, **fields: object) -> float:
+    """The completion read as a number (raises on anything else); notes the process it ran in in PIDS."""
+    PIDS.add(os.getpid())
+    return float(completion)
+
+
+PIDS: set[int] = set()

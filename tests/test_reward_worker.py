@@ -7,6 +7,8 @@ import time
 import pytest
 import ray
 
+import reward_helpers
+
 from grpo_dist.config import load_config
 from grpo_dist.reward.worker import RewardWorker
 from grpo_dist.types import Completion, Group
@@ -90,6 +92,19 @@ def test_a_failing_batched_reward_costs_its_batch_not_the_run(texts, values, fai
     assert scored.reward_parts[name] == values and failures == {f"reward/{name}/failures": float(failed)}
     [scored], failures = reward.score([group(["xyz"])])
     assert scored.rewards == [3.0] and failures[f"reward/{name}/failures"] == 0.0
+
+
+def test_an_inline_reward_runs_in_the_actor_and_a_failure_costs_its_sample():
+    """@inline: called in the reward actor's own process (no scoring pool is started for it),
+    and a sample whose call raises gets failure_score alone; exact_answer is inline."""
+    name = "reward_helpers:inline_digits"
+    reward = worker(name, f"{{name: '{name}'}}", "{name: exact_answer}", failure_score=-1.0)
+    assert reward.pool is None and reward.kinds == {name: "inline", "exact_answer": "inline"}
+    reward_helpers.PIDS.clear()
+    [scored], failures = reward.score([group(["2.5", "two", "<answer>7</answer>"], answer="7")])
+    assert scored.reward_parts == {name: [2.5, -1.0, -1.0], "exact_answer": [0.0, 0.0, 1.0]}
+    assert failures == {f"reward/{name}/failures": 2.0, "reward/exact_answer/failures": 0.0}
+    assert reward_helpers.PIDS == {os.getpid()}
 
 
 def test_a_batched_class_is_built_once_with_its_options():

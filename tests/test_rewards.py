@@ -120,8 +120,8 @@ def test_length_penalty_is_dapos_overlong_penalty(tokens, expected):
 def test_every_builtin_loads_with_its_kind():
     kinds = {name: reward_kind(load_reward(name)) for name in BUILTIN_REWARDS}
     assert kinds == {
-        "exact_answer": "sample", "math_answer": "sample", "answer_format": "sample",
-        "length_penalty": "sample", "unit_tests": "sample", "reward_model": "batched", "env_reward": "async",
+        "exact_answer": "inline", "math_answer": "sample", "answer_format": "sample",
+        "length_penalty": "inline", "unit_tests": "sample", "reward_model": "batched", "env_reward": "async",
     }
 
 

@@ -52,7 +52,7 @@ def _resolve(fn_spec: str) -> Callable[..., Any]:
     return getattr(importlib.import_module(module_name), attr)
 
 
-def _call(fn: Callable[..., Any], item: Item) -> ScoreOutcome:
+def call_outcome(fn: Callable[..., Any], item: Item) -> ScoreOutcome:
     """Run one scorer call and turn its result or exception into an outcome."""
     prompt, completion, fields = item
     try:
@@ -88,7 +88,7 @@ def _worker_main(conn: Connection, sys_path: list[str]) -> None:
                 conn.send(("done", index, exception_outcome(exc)))
                 continue
             conn.send(("started", index, None))
-            conn.send(("done", index, _call(functions[fn_spec], item)))
+            conn.send(("done", index, call_outcome(functions[fn_spec], item)))
 
 
 @dataclass

@@ -1,8 +1,12 @@
 """Reward functions by name: built-in short names, or any `package.module:function`.
 
-A reward comes in one of three kinds, told apart by how it is defined:
+A reward comes in one of four kinds, told apart by how it is defined:
 - "sample": `fn(prompt, completion, **fields) -> float`, run in the scoring pool's
   processes, one deadline per sample;
+- "inline": the same, marked with `@inline`: quick, pure and bounded (a parse and a
+  comparison), so called in the reward actor's own thread, with no deadline and no process
+  of its own (a chunk of 256 exact_answer scores: 5.5 ms through the pool, 1.2 ms inline); an exception
+  still costs only its sample;
 - "async": `async def fn(prompt, completion, **fields) -> float`, awaited in the reward
   actor, every sample of a batch concurrently, each under the same deadline;
 - "batched": marked with `@batched`, `fn(prompts, completions, **fields) -> list[float]`
@@ -24,7 +28,7 @@ from typing import Any, Callable, Literal, TypeVar
 from pydantic import TypeAdapter, ValidationError
 
 Reward = Callable[..., Any]
-RewardKind = Literal["sample", "async", "batched"]
+RewardKind = Literal["sample", "inline", "async", "batched"]
 R = TypeVar("R")
 
 BUILTIN_REWARDS: dict[str, str] = {
@@ -47,12 +51,21 @@ def batched(reward: R) -> R:
     return reward
 
 
+def inline(reward: R) -> R:
+    """Mark a per-sample reward to be called in the reward actor's thread (see the module docstring):
+    only for one that cannot hang or crash its process, since nothing bounds it there."""
+    reward.inline = True  # type: ignore[attr-defined]
+    return reward
+
+
 def reward_kind(reward: Reward) -> RewardKind:
     if getattr(reward, "batched", False) is True:
         return "batched"
     if inspect.isclass(reward):
         raise ValueError(f"{reward.__name__} is a class: a reward class must be marked @batched")
-    return "async" if inspect.iscoroutinefunction(reward) else "sample"
+    if inspect.iscoroutinefunction(reward):
+        return "async"
+    return "inline" if getattr(reward, "inline", False) is True else "sample"
 
 
 def reward_spec(name: str) -> str:

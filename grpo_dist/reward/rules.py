@@ -8,6 +8,8 @@ from fractions import Fraction
 
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
+from grpo_dist.reward.registry import inline
+
 ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 HASHES = re.compile(r"####\s*([^\n]+)")
 NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+)?")
@@ -57,6 +59,7 @@ def _as_number(text: str) -> Fraction | None:
         return None
 
 
+@inline
 def exact_answer(prompt: str, completion: str, answer: str, **fields: object) -> float:
     """1.0 when the tagged answer equals the row's `answer` (as text, or as the same number)."""
     given = extract_tagged_answer(completion)
@@ -117,6 +120,7 @@ def _check_pattern(pattern: str = THINK_ANSWER) -> None:
 answer_format.check_options = _check_pattern  # type: ignore[attr-defined]
 
 
+@inline
 def length_penalty(
     prompt: str, completion: str, completion_tokens: int, soft_length: int, max_length: int, **fields: object
 ) -> float:

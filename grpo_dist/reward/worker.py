@@ -1,7 +1,8 @@
 """RewardWorker: scores completions with the configured, weighted reward functions.
 
 Per-sample rewards run in a pool of scoring processes with a deadline per sample (the
-unit-test runner's programs run there in parallel, `processes` at a time); async rewards
+unit-test runner's programs run there in parallel, `processes` at a time), except those
+marked `@inline` (quick and bounded: exact_answer, length_penalty), called here; async rewards
 are awaited here, concurrently, each under the same deadline; batched rewards (a reward
 model) are called here once per batch. A reward that raises, hangs or returns NaN costs
 the sample (for a batched reward that raises: the whole batch) `failure_score` and a
@@ -18,7 +19,7 @@ from typing import Any
 
 from grpo_dist.config import RewardConfig, RewardFunctionConfig
 from grpo_dist.reward.chunk_stats import informative, per_group, summarize
-from grpo_dist.reward.pool import ScoreOutcome, ScoringPool, exception_outcome, value_outcome
+from grpo_dist.reward.pool import ScoreOutcome, ScoringPool, call_outcome, exception_outcome, value_outcome
 from grpo_dist.reward.registry import (
     COMPLETION_TOKENS,
     Reward,
@@ -123,6 +124,8 @@ class RewardWorker:
         reward = self.functions[function.name]
         with_tokens = takes_completion_tokens(reward)
         keywords = [_keywords(function, sample, with_tokens) for sample in samples]
+        if kind == "inline":
+            return [call_outcome(reward, (s.prompt, s.completion, k)) for s, k in zip(samples, keywords)]
         if kind == "async":
             return asyncio.run(_await_each(reward, samples, keywords, self.config.timeout_s))
         assert self.pool is not None
