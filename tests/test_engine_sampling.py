@@ -104,6 +104,26 @@ def test_logprobs_are_those_of_the_configured_distribution(engines, checkpoints)
     assert len({c.token_ids[0] for g in groups for c in g}) > 2, "top_k=2 of the generation config must not apply"
 
 
+def test_ragged_prompts_sharing_their_prefill_sample_from_their_own_prompt(engines, checkpoints):
+    """Prompts of different lengths (left padding), some repeated, G rows each: the transformers
+    engine runs each distinct prompt's prefill once and copies it to its rows; every
+    completion's logprobs are still its own prompt's, by a forward without cache or padding."""
+    engine, model = engines(checkpoints["neutral"]), checkpoints["model"]
+    prompts = [PROMPTS[0][:2], PROMPTS[1], PROMPTS[0][:2], PROMPTS[2][:4]]
+    sampling = SamplingSettings(n=3, temperature=0.9, max_new_tokens=8)
+    groups = engine.generate(prompts, sampling, [1, 2, 3, 4])
+    errors = []
+    with torch.no_grad():
+        for prompt, group in zip(prompts, groups):
+            for completion in group:
+                ids = torch.tensor([prompt + completion.token_ids])
+                logits = model(ids).logits[0, len(prompt) - 1 : -1]
+                expected = sampled_logprobs(logits, sampling).gather(-1, ids[0, len(prompt):, None])[:, 0]
+                errors.append((expected - torch.tensor(completion.logprobs)).abs().max().item())
+    assert max(errors) < 1e-4
+    assert tokens(groups[:1]) != tokens(groups[2:3])  # the same prompt, other seeds
+
+
 def test_the_generation_configs_eos_ids_stop_completions(engines, checkpoints):
     engine = engines(checkpoints["instruct"])
     groups = engine.generate(PROMPTS, SamplingSettings(n=4, max_new_tokens=32), SEEDS)

@@ -51,11 +51,19 @@ class HFEngine:
         finish = ["length"] * len(prompts)
         input_ids, attention_mask = self._left_padded(prompts)
         positions = (attention_mask.cumsum(dim=-1) - 1).clamp(min=0)
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=True,
-                         logits_to_keep=1)
+        # A prompt's G rows share its prefill: each distinct prompt runs once, then its cache
+        # rows and last logits are copied to every row that samples from it.
+        first, owner = distinct_rows(prompts)
+        out = self.model(input_ids=input_ids[first], attention_mask=attention_mask[first], position_ids=positions[first],
+                         use_cache=True, logits_to_keep=1)
+        cache, logits = out.past_key_values, out.logits[:, -1]
+        if len(first) < len(prompts):
+            rows = torch.tensor(owner, device=self.device)
+            cache.reorder_cache(rows)
+            logits = logits[rows]
         alive = list(range(len(prompts)))  # the rows still sampling, in batch order
         for length in range(1, sampling.max_new_tokens + 1):
-            step_logprobs = sampled_logprobs(out.logits[:, -1], sampling)
+            step_logprobs = sampled_logprobs(logits, sampling)
             chosen = draw(step_logprobs, None if generators is None else [generators[r] for r in alive])
             chosen_logprobs = step_logprobs.gather(-1, chosen.unsqueeze(-1)).squeeze(-1)
             keep = []
@@ -68,7 +76,6 @@ class HFEngine:
                     keep.append(k)
             if not keep or length == sampling.max_new_tokens:
                 break
-            cache = out.past_key_values
             if len(keep) < len(alive):
                 index = torch.tensor(keep, device=self.device)
                 cache.reorder_cache(index)
@@ -78,6 +85,7 @@ class HFEngine:
             positions = positions[:, -1:] + 1
             out = self.model(input_ids=chosen.unsqueeze(-1), attention_mask=attention_mask, position_ids=positions,
                              past_key_values=cache, use_cache=True, logits_to_keep=1)
+            cache, logits = out.past_key_values, out.logits[:, -1]
         return [
             Completion(token_ids=ids, logprobs=lps, text=self.tokenizer.decode(ids, skip_special_tokens=True),
                        finish_reason=reason)
@@ -119,3 +127,16 @@ class HFEngine:
 
     def checksum(self) -> str:
         return state_checksum(self.model.state_dict())
+
+
+def distinct_rows(rows: list[list[int]]) -> tuple[list[int], list[int]]:
+    """The index of each distinct row's first occurrence, and for each row the position of its own among them."""
+    position: dict[tuple[int, ...], int] = {}
+    first: list[int] = []
+    owner: list[int] = []
+    for index, row in enumerate(rows):
+        if tuple(row) not in position:
+            position[tuple(row)] = len(first)
+            first.append(index)
+        owner.append(position[tuple(row)])
+    return first, owner
