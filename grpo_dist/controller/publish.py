@@ -106,8 +106,8 @@ class WeightPublisher:
         """The learner's CallTimeout when the latest weight export (object store transport), which
         a rollout worker's load waits for, is not done within `timeout_s`: then a late rollout call
         is the frozen learner's doing, and killing the worker would not help (its restart waits on
-        the same learner). A broadcast's send waits on every worker, so it tells nothing."""
-        exported = getattr(self.sync, "exported", None)
+        the same learner). A broadcast has no export of its own to wait on: nothing to check."""
+        exported = self.sync.export_in_flight()
         if exported is not None:
             ready, _ = ray.wait([exported], timeout=self.timeout_s, fetch_local=False)
             if not ready:

@@ -46,6 +46,12 @@ class WeightSync(Protocol):
         always computed, for every worker that is sent them (a broadcast sends to all)."""
         ...
 
+    def export_in_flight(self) -> Any | None:
+        """The reference to the learner's latest export, which the workers' loads wait on, where
+        the transport has one apart from the workers' calls (the object store's); else None (a
+        broadcast's send waits on every worker, so it would tell nothing of the learner alone)."""
+        ...
+
     def close(self) -> None:
         """Release the transport; safe after a failed or missing `setup`."""
         ...

@@ -169,6 +169,10 @@ class NcclSync:
         self.regroups += 1
         return dict(enumerate(self.submit(version, verify=True)))
 
+    def export_in_flight(self) -> None:
+        """None: the learner's send is one of the broadcast's calls, waited on with the workers'."""
+        return None
+
     def close(self, wait_s: float = 10.0) -> None:
         """Every member leaves the group; waits at most `wait_s` (at most timeout_s) for them."""
         if not self.joining:

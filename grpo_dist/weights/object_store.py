@@ -36,5 +36,8 @@ class ObjectStoreSync:
         weights = self.exported = self.learner.export_weights.remote()
         return {index: self.rollouts[index].load_weights.remote(weights, version, True) for index in workers}
 
+    def export_in_flight(self) -> ray.ObjectRef | None:
+        return self.exported
+
     def close(self) -> None:
         pass
