@@ -126,7 +126,9 @@ def test_a_sync_run_with_overlap_is_the_run_without(sync_runs):
     # AdamW's first steps, lr * g / (|g| + eps), turn float noise in a gradient near 0 into up to
     # lr (1e-3) a step (learner_helpers.make_learner); the gradients themselves: test above, with SGD
     differ = torch.cat([(on_weights[name] - tensor).abs().flatten() for name, tensor in off_weights.items()])
-    assert differ.max() <= 3e-3 and (differ > 1e-4).float().mean() < 1e-3  # measured: 1e-3, 2e-4
+    # measured: max 1e-3 and 2e-4 of the entries past 1e-4 on an AMD EPYC, 2.1e-3 and 2.4e-3 on an
+    # Intel Xeon (other kernels); leaving one group of 4 out moved 32% past 1e-4 (3 steps, learner_helpers)
+    assert differ.max() <= 3e-3 and (differ > 1e-4).float().mean() < 1e-2
     # the learner started on a batch before its last chunk was generated
     assert any(r["time/learn_started"] < r["time/generate_ended"] for r in on)
     assert all(r["time/learn_started"] > r["time/generate_ended"] for r in off)
