@@ -76,6 +76,20 @@ def tokens(groups):
     return [[c.token_ids for c in group] for group in groups]
 
 
+@torch.no_grad()
+def largest_logprob_error(model, prompts, groups, sampling) -> float:
+    """The largest difference between a completion's logprobs and those of `sampling`'s
+    distribution by a forward of the prompt and completion alone (no cache, no padding)."""
+    errors = []
+    for prompt, group in zip(prompts, groups):
+        for completion in group:
+            ids = torch.tensor([prompt + completion.token_ids])
+            logits = model(ids).logits[0, len(prompt) - 1 : -1]
+            expected = sampled_logprobs(logits, sampling).gather(-1, ids[0, len(prompt):, None])[:, 0]
+            errors.append((expected - torch.tensor(completion.logprobs)).abs().max().item())
+    return max(errors)
+
+
 def test_identical_prompts_get_independent_groups(engines, checkpoints):
     engine = engines(checkpoints["instruct"])
     sampling = SamplingSettings(n=8, max_new_tokens=16)
@@ -92,15 +106,7 @@ def test_logprobs_are_those_of_the_configured_distribution(engines, checkpoints)
     engine, model = engines(checkpoints["instruct"]), checkpoints["model"]
     sampling = SamplingSettings(n=4, temperature=0.7, top_p=0.8, top_k=10, max_new_tokens=16)
     groups = engine.generate(PROMPTS, sampling, SEEDS)
-    errors = []
-    with torch.no_grad():
-        for prompt, group in zip(PROMPTS, groups):
-            for completion in group:
-                ids = torch.tensor([prompt + completion.token_ids])
-                logits = model(ids).logits[0, len(prompt) - 1 : -1]
-                expected = sampled_logprobs(logits, sampling).gather(-1, ids[0, len(prompt):, None])[:, 0]
-                errors.append((expected - torch.tensor(completion.logprobs)).abs().max().item())
-    assert max(errors) < 1e-4
+    assert largest_logprob_error(model, PROMPTS, groups, sampling) < 1e-4
     assert len({c.token_ids[0] for g in groups for c in g}) > 2, "top_k=2 of the generation config must not apply"
 
 
@@ -112,15 +118,7 @@ def test_ragged_prompts_sharing_their_prefill_sample_from_their_own_prompt(engin
     prompts = [PROMPTS[0][:2], PROMPTS[1], PROMPTS[0][:2], PROMPTS[2][:4]]
     sampling = SamplingSettings(n=3, temperature=0.9, max_new_tokens=8)
     groups = engine.generate(prompts, sampling, [1, 2, 3, 4])
-    errors = []
-    with torch.no_grad():
-        for prompt, group in zip(prompts, groups):
-            for completion in group:
-                ids = torch.tensor([prompt + completion.token_ids])
-                logits = model(ids).logits[0, len(prompt) - 1 : -1]
-                expected = sampled_logprobs(logits, sampling).gather(-1, ids[0, len(prompt):, None])[:, 0]
-                errors.append((expected - torch.tensor(completion.logprobs)).abs().max().item())
-    assert max(errors) < 1e-4
+    assert largest_logprob_error(model, prompts, groups, sampling) < 1e-4
     assert tokens(groups[:1]) != tokens(groups[2:3])  # the same prompt, other seeds
 
 
