@@ -102,9 +102,9 @@ def run_trl(steps: int, workdir: Path, trl_dir: Path) -> dict[str, Any]:
 
 def trl_worker(steps: int, out: Path) -> None:
     """TRL's run, in its own process: evaluate, train `steps` steps, evaluate, write the numbers."""
-    import psutil
+    from grpo_dist.timeline import process_started
 
-    origin = psutil.Process().create_time()
+    origin = process_started()
     import torch
     from datasets import Dataset
     from transformers import TrainerCallback
