@@ -130,7 +130,9 @@ def test_the_driver_holds_no_groups_when_the_batch_grows_tenfold(trainer):
     assert batch_bytes > 100_000, "the baseline sees the batch grow"
     assert steps[80]["retained"] - steps[8]["retained"] < 0.2 * batch_bytes, "references and floats, not groups"
     assert steps[80]["peak"] - steps[8]["peak"] < 0.2 * batch_bytes
-    assert steps[8]["ray_store"] == steps[80]["ray_store"] == 0, "no group inlined into the driver's Ray store"
+    # Ray inlines the learner's small results into the driver (80 bytes seen after some steps
+    # and not others, as the learner's timing has it: a checksum still to compare); a group is kilobytes
+    assert max(steps[8]["ray_store"], steps[80]["ray_store"]) < 1000, "no group inlined into the driver's Ray store"
 
 
 def test_batches_submitted_for_steps_that_will_not_run_are_cancelled(trainer):
