@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from grpo_dist.distinct import distinct_rows
 from grpo_dist.learner.batch import TrainBatch
 
 # Share prompts only where it cuts the tokens run to this share of the plain forward's or less:
@@ -49,10 +50,9 @@ def _scored(logits: torch.Tensor, targets: torch.Tensor, temperature: float,
 
 def _distinct_prefixes(input_ids: torch.Tensor, prefix_lengths: torch.Tensor) -> tuple[list[list[int]], list[int]]:
     """The distinct prefixes, and for each row the index of its own."""
-    index: dict[tuple[int, ...], int] = {}
-    owners = [index.setdefault(tuple(ids[:length]), len(index))
-              for ids, length in zip(input_ids.tolist(), prefix_lengths.tolist())]
-    return [list(prefix) for prefix in index], owners
+    prefixes = [ids[:length] for ids, length in zip(input_ids.tolist(), prefix_lengths.tolist())]
+    first, owners = distinct_rows(prefixes)
+    return [prefixes[index] for index in first], owners
 
 
 def shares_enough(input_ids: torch.Tensor, attention_mask: torch.Tensor, prefix_lengths: torch.Tensor) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from grpo_dist.distinct import distinct_rows
 from grpo_dist.models import load_causal_lm, load_tokenizer
 from grpo_dist.rollout.sampling import StopStrings, draw, regroup, requests, sampled_logprobs, stop_token_ids
 from grpo_dist.types import Completion, SamplingSettings
@@ -128,15 +129,3 @@ class HFEngine:
     def checksum(self) -> str:
         return state_checksum(self.model.state_dict())
 
-
-def distinct_rows(rows: list[list[int]]) -> tuple[list[int], list[int]]:
-    """The index of each distinct row's first occurrence, and for each row the position of its own among them."""
-    position: dict[tuple[int, ...], int] = {}
-    first: list[int] = []
-    owner: list[int] = []
-    for index, row in enumerate(rows):
-        if tuple(row) not in position:
-            position[tuple(row)] = len(first)
-            first.append(index)
-        owner.append(position[tuple(row)])
-    return first, owner
