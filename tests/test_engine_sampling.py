@@ -93,11 +93,11 @@ def largest_logprob_error(model, prompts, groups, sampling) -> float:
 def test_identical_prompts_get_independent_groups(engines, checkpoints):
     engine = engines(checkpoints["instruct"])
     sampling = SamplingSettings(n=8, max_new_tokens=16)
-    first, second = engine.generate([PROMPTS[0], PROMPTS[0]], sampling, [11, 12])
+    first, second = engine.generate([PROMPTS[0], PROMPTS[0]], sampling, [1100, 1200])
     assert tokens([first]) != tokens([second])
     assert len({tuple(c.token_ids) for c in first}) > 1
     # a completion depends on its seed and the weights, not on the rest of the batch
-    mixed = engine.generate([PROMPTS[1], PROMPTS[0], PROMPTS[2]], sampling, [5, 11, 6])
+    mixed = engine.generate([PROMPTS[1], PROMPTS[0], PROMPTS[2]], sampling, [500, 1100, 600])
     assert tokens([mixed[1]]) == tokens([first])
 
 
@@ -117,7 +117,7 @@ def test_ragged_prompts_sharing_their_prefill_sample_from_their_own_prompt(engin
     engine, model = engines(checkpoints["neutral"]), checkpoints["model"]
     prompts = [PROMPTS[0][:2], PROMPTS[1], PROMPTS[0][:2], PROMPTS[2][:4]]
     sampling = SamplingSettings(n=3, temperature=0.9, max_new_tokens=8)
-    groups = engine.generate(prompts, sampling, [1, 2, 3, 4])
+    groups = engine.generate(prompts, sampling, [100, 200, 300, 400])
     assert largest_logprob_error(model, prompts, groups, sampling) < 1e-4
     assert tokens(groups[:1]) != tokens(groups[2:3])  # the same prompt, other seeds
 

@@ -16,7 +16,7 @@ from grpo_dist.learner.logprobs import token_logprobs
 from grpo_dist.reward.rules import length_penalty
 from grpo_dist.reward.worker import RewardWorker
 from grpo_dist.rollout.hf_engine import HFEngine
-from grpo_dist.seeding import completion_seed, prompt_seed
+from grpo_dist.seeding import completion_seed, prompt_seed, turn_seed
 from grpo_dist.tasks.tiny import IM_END, save_tiny_model
 from grpo_dist.types import Prompt, SamplingSettings
 
@@ -154,7 +154,7 @@ def test_waves_overlap_environment_steps_with_generation_and_change_no_episode(e
     # each call serves one wave's episodes, the same every turn: the first half or the second
     halves = [{e.seed for e in episodes[:4]}, {e.seed for e in episodes[4:]}]
     served = [{seed for seed in episode_seeds} for episode_seeds, _, _ in logged.calls]
-    turn_seeds = {completion_seed(e.seed, t): e.seed for e in episodes for t in range(3)}
+    turn_seeds = {turn_seed(e.seed, t): e.seed for e in episodes for t in range(3)}
     served = [{turn_seeds[s] for s in call} for call in served]
     assert served == ([halves[0] | halves[1]] * 3 if waves == 1 else [halves[0], halves[1]] * 3)
     overlapping = [(seed, call) for seed, s0, s1 in TimedCountdown.steps for call in logged.calls

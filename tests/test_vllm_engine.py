@@ -16,6 +16,7 @@ import torch  # noqa: E402
 from transformers import LlamaForCausalLM  # noqa: E402
 
 from grpo_dist.rollout.vllm_engine import VLLMEngine  # noqa: E402
+from grpo_dist.seeding import completion_seed, prompt_seed  # noqa: E402
 from grpo_dist.tasks.tiny import EOS_ID, build_tokenizer, save_tiny_model  # noqa: E402
 from grpo_dist.types import Completion, SamplingSettings  # noqa: E402
 from grpo_dist.weights.checksum import state_checksum  # noqa: E402
@@ -158,6 +159,23 @@ def test_greedy_is_deterministic_and_matches_transformers(
             torch.tensor([prompt]), do_sample=False, max_new_tokens=12, eos_token_id=EOS_ID
         )[0, len(prompt) :].tolist()
         assert group[0].token_ids == expected
+
+
+def test_one_request_of_g_samples_the_streams_completion_seed_names(engine: VLLMEngine) -> None:
+    """A prompt's G completions come from one request (n=G, the prompt's seed), in which vLLM
+    seeds its j-th sample seed + j; they must be the completions of G one-sample requests
+    seeded completion_seed(seed, j), which use their seeds as they are."""
+    prompts = _prompts(3)
+    seeds = [prompt_seed(0, 7, i) for i in range(len(prompts))]
+    groups = engine.generate(prompts, SamplingSettings(n=4, temperature=0.8, max_new_tokens=12), seeds)
+    singles = engine.generate([p for p in prompts for _ in range(4)],
+                              SamplingSettings(n=1, temperature=0.8, max_new_tokens=12),
+                              [completion_seed(seed, j) for seed in seeds for j in range(4)])
+    completions = [c for group in groups for c in group]
+    assert [c.token_ids for c in completions] == [c.token_ids for (c,) in singles]
+    for c, (single,) in zip(completions, singles):
+        assert c.logprobs == pytest.approx(single.logprobs, abs=1e-5)
+    assert len({tuple(c.token_ids) for c in groups[0]}) > 1
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])

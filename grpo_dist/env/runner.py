@@ -13,7 +13,7 @@ environment that raises, answers malformed or hangs costs its episode (`Episode.
 never the run.
 
 Seeds: episode j of row i is seeded `completion_seed(seeds[i], j)` (as completion j of a
-single-turn group is), and its turn t samples with `completion_seed(that, t)`.
+single-turn group is), and its turn t samples with `turn_seed(that, t)`.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from grpo_dist.env.registry import load_environment
 from grpo_dist.env.render import ChatRenderer, TextRenderer
 from grpo_dist.env.trajectory import DONE, ENV_ERROR, MAX_TURNS, Sample, Trajectory
 from grpo_dist.rollout.engine import GenerationEngine
-from grpo_dist.seeding import completion_seed
+from grpo_dist.seeding import completion_seed, turn_seed
 from grpo_dist.types import SamplingSettings
 
 
@@ -116,7 +116,7 @@ class EpisodeRunner:
                 if not active:
                     continue
                 inputs = [episode.trajectory.engine_input() for episode in active]  # type: ignore[union-attr]
-                outputs = self.engine.generate(inputs, one, [completion_seed(e.seed, turn) for e in active])
+                outputs = self.engine.generate(inputs, one, [turn_seed(e.seed, turn) for e in active])
                 for episode, (completion,) in zip(active, outputs):
                     episode.replies.append(episode.trajectory.add_reply(  # type: ignore[union-attr]
                         completion.token_ids, completion.logprobs, completion.finish_reason))

@@ -20,7 +20,7 @@ from vllm.inputs import TokensPrompt
 from vllm.outputs import CompletionOutput
 from vllm.platforms import current_platform
 
-from grpo_dist.rollout.sampling import regroup, requests, stop_token_ids
+from grpo_dist.rollout.sampling import regroup, stop_token_ids
 from grpo_dist.types import Completion, SamplingSettings
 from grpo_dist.weights.buckets import Bucket
 
@@ -71,34 +71,37 @@ class VLLMEngine:
     ) -> list[list[Completion]]:
         """Sample `sampling.n` completions per prompt; temperature 0 is greedy.
 
-        Each completion is a request of its own (n=1) with its own seed, so that no two
-        completions share a random stream (with n=G and one seed per call, completion j of
-        every prompt would). vLLM's prefix cache still computes a shared prompt once.
-        Stop strings need vLLM to detokenize as it goes; only then is it asked to.
+        One request per prompt, with n=G and the prompt's seed: vLLM samples its j-th
+        completion with seed + j, which is `seeding.completion_seed(seed, j)`, so every
+        completion has its own stream and G requests' worth of per-request work is spared.
+        vLLM's prefix cache computes a shared prompt once. Stop strings need vLLM to
+        detokenize as it goes; only then is it asked to.
         """
+        if len(seeds) != len(prompt_ids):
+            raise ValueError(f"{len(prompt_ids)} prompts but {len(seeds)} seeds")
         greedy = sampling.temperature == 0
-        rows = requests(prompt_ids, sampling, seeds)
         params = [
             SamplingParams(
-                n=1,
+                n=1 if greedy else sampling.n,  # greedy: one, copied G times by regroup
                 temperature=sampling.temperature,
                 top_p=1.0 if greedy else sampling.top_p,
                 top_k=0 if greedy else sampling.top_k,
                 max_tokens=sampling.max_new_tokens,
-                seed=seed,
+                seed=None if greedy else seed,
                 stop_token_ids=self._stop_ids,
                 stop=list(sampling.stop) or None,
                 include_stop_str_in_output=True,  # the text is decoded from token_ids anyway
                 logprobs=0,  # the sampled token's logprob only
                 detokenize=bool(sampling.stop),  # text comes from the tokenizer, see _to_completion
                 # each is made for its one request: vLLM need not deep-copy it per request (it
-                # does unless told; measured 0.27 ms each, 0.55 s for a step's 2048 requests)
+                # does unless told; measured 0.27 ms each)
                 skip_clone=True,
             )
-            for _, seed in rows
+            for seed in seeds
         ]
-        outputs = self._llm.generate(_token_prompts([ids for ids, _ in rows]), params, use_tqdm=False)
-        return regroup([self._to_completion(out.outputs[0]) for out in outputs], sampling)
+        outputs = self._llm.generate(_token_prompts(prompt_ids), params, use_tqdm=False)
+        # a request's outputs come in sample order (vLLM's ParentRequest aggregates by index)
+        return regroup([self._to_completion(c) for out in outputs for c in out.outputs], sampling)
 
     def logprobs_of(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
         """log softmax(logits) (temperature 1) of `completion_ids` following `prompt_ids`."""
