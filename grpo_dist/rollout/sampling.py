@@ -29,12 +29,17 @@ def sampling_settings(rollout: RolloutConfig, greedy: bool = False) -> SamplingS
     )
 
 
+def check_seeds(prompt_ids: list[list[int]], seeds: list[int]) -> None:
+    """One seed per prompt (seeding.prompt_seed), or a ValueError that says how many of each."""
+    if len(seeds) != len(prompt_ids):
+        raise ValueError(f"{len(prompt_ids)} prompts but {len(seeds)} seeds")
+
+
 def requests(prompt_ids: list[list[int]], sampling: SamplingSettings,
              seeds: list[int]) -> list[tuple[list[int], int | None]]:
     """(prompt ids, seed) of every completion to sample: completion j of prompt i gets
     `completion_seed(seeds[i], j)`. Greedy: one per prompt, without a seed (see `regroup`)."""
-    if len(seeds) != len(prompt_ids):
-        raise ValueError(f"{len(prompt_ids)} prompts but {len(seeds)} seeds")
+    check_seeds(prompt_ids, seeds)
     if sampling.temperature == 0:
         return [(ids, None) for ids in prompt_ids]
     return [(ids, completion_seed(seed, j)) for ids, seed in zip(prompt_ids, seeds) for j in range(sampling.n)]

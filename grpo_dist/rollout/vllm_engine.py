@@ -20,7 +20,7 @@ from vllm.inputs import TokensPrompt
 from vllm.outputs import CompletionOutput
 from vllm.platforms import current_platform
 
-from grpo_dist.rollout.sampling import regroup, stop_token_ids
+from grpo_dist.rollout.sampling import check_seeds, regroup, stop_token_ids
 from grpo_dist.types import Completion, SamplingSettings
 from grpo_dist.weights.buckets import Bucket
 
@@ -77,8 +77,7 @@ class VLLMEngine:
         vLLM's prefix cache computes a shared prompt once. Stop strings need vLLM to
         detokenize as it goes; only then is it asked to.
         """
-        if len(seeds) != len(prompt_ids):
-            raise ValueError(f"{len(prompt_ids)} prompts but {len(seeds)} seeds")
+        check_seeds(prompt_ids, seeds)
         greedy = sampling.temperature == 0
         params = [
             SamplingParams(
