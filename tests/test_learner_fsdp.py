@@ -6,6 +6,7 @@ AdamW's first step turns float noise in near-zero gradients into differences of 
 """
 
 import sys
+from contextlib import contextmanager
 
 import pytest
 import ray
@@ -68,37 +69,50 @@ def unsharded(overrides):
     return [item for item in overrides if not item.startswith(("learner.sharding=", "learner.offload="))]
 
 
+@contextmanager
+def learner_group(overrides, ranks):
+    """A started LearnerGroup of `ranks` ranks, closed and killed however the block ends: a
+    failed assertion must not leave its ranks holding the module cluster's CPUs (the next test's
+    ranks would wait for them until call_timeout_s)."""
+    group = start_learner(make_config(*overrides, f"learner.num_ranks={ranks}"))
+    try:
+        yield group
+    finally:
+        try:
+            ray.get(group.close.remote(), timeout=60)
+        finally:
+            ray.kill(group)
+
+
 def assert_one_rank_update(groups, overrides, ranks, atol=1e-5, **step):
     """K fsdp ranks' masters after one train_step equal one unsharded rank's within atol, and
     their metrics its metrics; every rank holds a shard (about 1/K of the parameters); before
     the step both give the same logprobs and serve the same weights (model.path's), checksum
     for checksum."""
     single = make_learner(*unsharded(overrides), sgd=True)
-    group = start_learner(make_config(*overrides, f"learner.num_ranks={ranks}"))
-    got = ray.get(group.logprobs.remote(groups[:1]))  # a no-grad pass on every rank, then a checksum
-    for got_rows, want_rows in zip(got[0], single.logprobs(groups[:1])[0]):
-        assert got_rows == pytest.approx(want_rows, abs=1e-5)
-    assert ray.get(group.checksum.remote()) == single.checksum()
-    expected = single.train_step(groups, **step)
-    on_every_rank(group, use_sgd)
-    metrics = ray.get(group.train_step.remote(groups, **step))
-    per_rank = on_every_rank(group, full_masters)
-    for got, want in zip(per_rank[0][0], masters(single)):
-        torch.testing.assert_close(got, want, rtol=0, atol=atol)
-    total = sum(p.numel() for p in masters(single))
-    assert all(sum(sizes) <= total / ranks + 4096 for _, sizes in per_rank)  # sharded, not replicated
-    for key in ("loss/total", "loss/kl", "policy/entropy", "policy/clip_fraction", "policy/ratio_max",
-                "policy/grad_norm"):
-        assert metrics[key] == pytest.approx(expected[key], rel=metric_tolerance(key), abs=1e-6), key
-    served = assert_published_bucket_by_bucket(group)
-    want = single.export_weights()  # LoRA: merged; the same names, dtypes and values within a rounding
-    assert served.keys() == want.keys()
-    for name, tensor in served.items():
-        assert tensor.dtype == want[name].dtype, name
-        close = 1e-2 if tensor.dtype == torch.bfloat16 else atol  # masters 1e-5 apart may round apart
-        torch.testing.assert_close(tensor.float(), want[name].float(), rtol=0, atol=close)
-    ray.get(group.close.remote())
-    ray.kill(group)
+    with learner_group(overrides, ranks) as group:
+        got = ray.get(group.logprobs.remote(groups[:1]))  # a no-grad pass on every rank, then a checksum
+        for got_rows, want_rows in zip(got[0], single.logprobs(groups[:1])[0]):
+            assert got_rows == pytest.approx(want_rows, abs=1e-5)
+        assert ray.get(group.checksum.remote()) == single.checksum()
+        expected = single.train_step(groups, **step)
+        on_every_rank(group, use_sgd)
+        metrics = ray.get(group.train_step.remote(groups, **step))
+        per_rank = on_every_rank(group, full_masters)
+        for got, want in zip(per_rank[0][0], masters(single)):
+            torch.testing.assert_close(got, want, rtol=0, atol=atol)
+        total = sum(p.numel() for p in masters(single))
+        assert all(sum(sizes) <= total / ranks + 4096 for _, sizes in per_rank)  # sharded, not replicated
+        for key in ("loss/total", "loss/kl", "policy/entropy", "policy/clip_fraction", "policy/ratio_max",
+                    "policy/grad_norm"):
+            assert metrics[key] == pytest.approx(expected[key], rel=metric_tolerance(key), abs=1e-6), key
+        served = assert_published_bucket_by_bucket(group)
+        want = single.export_weights()  # LoRA: merged; the same names, dtypes and values within a rounding
+        assert served.keys() == want.keys()
+        for name, tensor in served.items():
+            assert tensor.dtype == want[name].dtype, name
+            close = 1e-2 if tensor.dtype == torch.bfloat16 else atol  # masters 1e-5 apart may round apart
+            torch.testing.assert_close(tensor.float(), want[name].float(), rtol=0, atol=close)
 
 
 def assert_published_bucket_by_bucket(group, bucket_bytes=1 << 20):
@@ -150,28 +164,24 @@ def test_a_bfloat16_group_exports_bfloat16_and_saves_and_resumes_sharded(ray_clu
     group of 2 ranks loads it and takes the next step bit for bit; a group of 3 loads it
     (resharded) and takes it within 1e-4 (AdamW turns reduction-order noise into up to lr)."""
     overrides = [*COMMON, "model.dtype=bfloat16"]
-    group = start_learner(make_config(*overrides, "learner.num_ranks=2"))
-    ray.get(group.train_step.remote(groups))
-    buckets = ray.get(ray.get(group.export_weights.remote()))
-    assert {t.dtype for b in buckets for t in b.values() if t.is_floating_point()} == {torch.bfloat16}
-    ray.get(group.save_state.remote(str(tmp_path / "state")))
-    saved = AutoModelForCausalLM.from_pretrained(tmp_path / "state" / "policy", dtype=torch.float32)
-    for got, want in zip(saved.parameters(), on_every_rank(group, full_masters)[0][0]):
-        assert torch.equal(got, want)
-    expected = ray.get(group.train_step.remote(groups))
-    after = on_every_rank(group, full_masters)[0][0]
-    ray.get(group.close.remote())
-    ray.kill(group)
+    with learner_group(overrides, 2) as group:
+        ray.get(group.train_step.remote(groups))
+        buckets = ray.get(ray.get(group.export_weights.remote()))
+        assert {t.dtype for b in buckets for t in b.values() if t.is_floating_point()} == {torch.bfloat16}
+        ray.get(group.save_state.remote(str(tmp_path / "state")))
+        saved = AutoModelForCausalLM.from_pretrained(tmp_path / "state" / "policy", dtype=torch.float32)
+        for got, want in zip(saved.parameters(), on_every_rank(group, full_masters)[0][0]):
+            assert torch.equal(got, want)
+        expected = ray.get(group.train_step.remote(groups))
+        after = on_every_rank(group, full_masters)[0][0]
     for ranks, atol in ((2, 0.0), (3, 1e-4)):
-        group = start_learner(make_config(*overrides, f"learner.num_ranks={ranks}"))
-        assert ray.get(group.load_state.remote(str(tmp_path / "state"))) == 1
-        metrics = ray.get(group.train_step.remote(groups))
-        assert metrics["policy/version"] == 2.0
-        assert metrics["loss/total"] == pytest.approx(expected["loss/total"], rel=1e-4, abs=1e-6)
-        for got, want in zip(on_every_rank(group, full_masters)[0][0], after):
-            torch.testing.assert_close(got, want, rtol=0, atol=atol)
-        ray.get(group.close.remote())
-        ray.kill(group)
+        with learner_group(overrides, ranks) as group:
+            assert ray.get(group.load_state.remote(str(tmp_path / "state"))) == 1
+            metrics = ray.get(group.train_step.remote(groups))
+            assert metrics["policy/version"] == 2.0
+            assert metrics["loss/total"] == pytest.approx(expected["loss/total"], rel=1e-4, abs=1e-6)
+            for got, want in zip(on_every_rank(group, full_masters)[0][0], after):
+                torch.testing.assert_close(got, want, rtol=0, atol=atol)
 
 
 def test_the_config_refuses_fsdp_without_ranks_and_offload_without_fsdp():
