@@ -143,5 +143,21 @@ def connect_ray(config: Config, join: str | None) -> None:
     try:
         check_capacity(config, ray.cluster_resources())
     except StartError:
-        ray.shutdown()
+        shutdown_ray()
         raise
+
+
+def shutdown_ray() -> None:
+    """ray.shutdown, without the second it spends on a local cluster's autoscaler monitor.
+
+    ray.shutdown stops the processes this driver started (none when it joined a cluster) with
+    SIGTERM, giving each up to 1 s to exit. The autoscaler's monitor, of no use to a one-node
+    cluster and holding no state, does not exit in that second (measured: 1.02 s of a 1.21 s
+    shutdown), so it is killed outright first.
+    """
+    import ray
+
+    node = ray._private.worker._global_node  # None when Ray is not initialized
+    if node is not None:
+        node.kill_monitor(check_alive=False)  # a no-op for a joined cluster: its monitor is not ours
+    ray.shutdown()

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from grpo_dist.cluster import choose_cluster, connect_ray
+from grpo_dist.cluster import choose_cluster, connect_ray, shutdown_ray
 from grpo_dist.config import Config, ConfigError, load_config
 from grpo_dist.controller.errors import FAILURES, StartError
 from grpo_dist.data import DataError, held_out_prompts
@@ -98,8 +98,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
-    import ray
-
     from grpo_dist.controller.actors import Actors
     from grpo_dist.evaluation import evaluate
     from grpo_dist.waits import fetch
@@ -113,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     finally:
-        ray.shutdown()
+        shutdown_ray()
     result = {
         "checkpoint": str(model_dir),
         "data": config.data.eval,

@@ -14,6 +14,7 @@ lets the step in progress finish and saves a checkpoint, a second stops at once.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import signal
 import sys
@@ -22,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from grpo_dist.cluster import choose_cluster, connect_ray, ray_environment
+from grpo_dist.cluster import choose_cluster, connect_ray, ray_environment, shutdown_ray
 from grpo_dist.config import Config, ConfigError, dump_config, load_config
 from grpo_dist.controller.checkpoints import (Checkpoint, CheckpointError, check_resume_config, find_run,
                                               resume_checkpoint, resume_hint)
@@ -104,9 +105,7 @@ def connect_or_error(config: Config, join: str | None) -> StartError | None:
 def stop_ray() -> None:
     """Stop Ray where a start error came after it had started."""
     if "ray" in sys.modules:
-        import ray
-
-        ray.shutdown()
+        shutdown_ray()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -151,8 +150,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
-    import ray
-
     try:
         summary = trainer.run(wait_report=False)  # drawn while Ray shuts down (finish_summary waits)
     except FAILURES as exc:
@@ -163,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         return 128 + (trainer.stop_signal or signal.SIGINT)
     finally:
         with timeline.phase("ray_shutdown"):
-            ray.shutdown()
+            shutdown_ray()
     summary = trainer.finish_summary(summary)
     print(json.dumps(summary, indent=2))
     if trainer.stop_signal is not None:
@@ -174,4 +171,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Everything is written. The interpreter's last garbage collection would walk every object
+    # that torch's and transformers' imports made: 1.9 s on 2 cores, after the run. Frozen
+    # objects are left out of it (0.3 s).
+    gc.freeze()
+    sys.exit(code)

@@ -172,6 +172,35 @@ def test_the_local_cluster_listens_on_the_loopback_address_only():
     assert {ip for ip, _ in listeners} <= {"127.0.0.1", "::ffff:127.0.0.1", "::1"}, listeners
 
 
+STOP = textwrap.dedent("""
+    import json, psutil, ray
+    from grpo_dist.cluster import connect_ray, shutdown_ray
+    from grpo_dist.config import load_config
+    config = load_config(None, ["cluster.address=local", "cluster.num_cpus=2"])
+    for attempt in range(2):  # a second cluster in the same process: it starts as the first did
+        connect_ray(config, None)
+        ours = {kind: [info.process.pid for info in infos]
+                for kind, infos in ray._private.worker._global_node.all_processes.items()}
+        shutdown_ray()
+        alive = {kind: [pid for pid in pids if psutil.pid_exists(pid)
+                        and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE] for kind, pids in ours.items()}
+        print(json.dumps({"kinds": sorted(ours), "alive": {k: v for k, v in alive.items() if v},
+                          "initialized": ray.is_initialized()}))
+""")
+
+
+def test_shutting_down_a_local_cluster_stops_every_process_it_started_the_monitor_too():
+    """shutdown_ray kills the autoscaler's monitor outright before ray.shutdown (which would wait a
+    second on it): every process of the cluster is gone after it, and a new cluster starts."""
+    result = subprocess.run([sys.executable, "-c", STOP], capture_output=True, text=True, timeout=180,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    reports = [json.loads(line) for line in result.stdout.strip().splitlines()[-2:]]
+    for report in reports:
+        assert {"gcs_server", "raylet", "monitor"} <= set(report["kinds"]), report
+        assert report["alive"] == {} and not report["initialized"], report
+
+
 @pytest.mark.slow
 def test_the_real_command_listens_on_the_loopback_address_only_while_it_trains(tmp_path):
     """`python -m grpo_dist.launch` as users run it (data preparation imports ray before connect_ray):
