@@ -61,7 +61,7 @@ from grpo_dist.controller.signals import stop_on_signals
 from grpo_dist.data import PreparedData, PromptCursor, prepare_data
 from grpo_dist.evaluation import evaluate, standard_error
 from grpo_dist.metrics import MetricsLog
-from grpo_dist.plots import write_report_beside
+from grpo_dist.plots import report_thread, write_report_beside
 from grpo_dist.rollout.sampling import sampling_settings
 from grpo_dist.timeline import Timeline
 from grpo_dist.types import Group, Prompt, SamplingSettings
@@ -199,11 +199,12 @@ class Trainer:
                 steps = self.train(log, started)
                 timeline.ending()  # (already, after the last step; an early stop ends here)
                 after = math.nan
+                drawing = report_thread()  # matplotlib is imported while the final evaluation runs
                 if self.stop_signal is None:
                     with timeline.phase("eval_after"):
                         after = self.evaluate(step=steps, log=log)
                     timeline.mark("final_eval_done")
-                self.report = write_report_beside(self.run_dir)  # metrics.jsonl is complete
+                self.report = write_report_beside(self.run_dir, drawing)  # metrics.jsonl is complete
                 if self.stop_signal is None and self.config.trainer.save_final:
                     with timeline.phase("save_final"):
                         self.learner.call(self.actors.learner.save.remote(str(self.run_dir / "final")), "save")
