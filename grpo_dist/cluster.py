@@ -153,8 +153,10 @@ def shutdown_ray() -> None:
     ray.shutdown stops the processes this driver started (none when it joined a cluster) with
     SIGTERM, giving each up to 1 s to exit. The autoscaler's monitor, of no use to a one-node
     cluster and holding no state, does not exit in that second (measured: 1.02 s of a 1.21 s
-    shutdown), so it is killed outright first.
+    shutdown), so it is killed outright first. Nothing to do where ray was never imported.
     """
+    if "ray" not in sys.modules:
+        return
     import ray
 
     node = ray._private.worker._global_node  # None when Ray is not initialized

@@ -26,6 +26,8 @@ from grpo_dist.config import Config, ConfigError, load_config
 from grpo_dist.controller.errors import FAILURES, StartError
 from grpo_dist.data import DataError, held_out_prompts
 from grpo_dist.atomic import write_json_atomic
+from grpo_dist.process_exit import end_process
+
 
 def resolve_checkpoint(path: str, config_files: list[str], overrides: list[str]) -> tuple[Path, Config]:
     """The model folder to evaluate and the config to evaluate it with.
@@ -127,4 +129,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    end_process(main())

@@ -14,9 +14,7 @@ lets the step in progress finish and saves a checkpoint, a second stops at once.
 from __future__ import annotations
 
 import argparse
-import atexit
 import json
-import os
 import signal
 import sys
 import time
@@ -30,6 +28,7 @@ from grpo_dist.controller.checkpoints import (Checkpoint, CheckpointError, check
                                               resume_checkpoint, resume_hint)
 from grpo_dist.controller.errors import FAILURES, StartError
 from grpo_dist.data import DataError, prepare_data
+from grpo_dist.process_exit import end_process
 from grpo_dist.timeline import Timeline
 
 
@@ -103,12 +102,6 @@ def connect_or_error(config: Config, join: str | None) -> StartError | None:
     return None
 
 
-def stop_ray() -> None:
-    """Stop Ray where a start error came after it had started."""
-    if "ray" in sys.modules:
-        shutdown_ray()
-
-
 def main(argv: list[str] | None = None) -> int:
     timeline = Timeline()  # from the process start: the interpreter and these imports count
     timeline.add("interpreter_and_imports", timeline.since_start())
@@ -128,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             # While Ray starts, one thread imports the trainer, then reads the data (the tokenizer,
             # tokenizing); the actors are created once both Ray and the imports are there, and
             # start (their own imports, model loads) while the data are still read. Bad data is
-            # exit 2 all the same: Ray is stopped, and the actors with it (stop_ray).
+            # exit 2 all the same: Ray is stopped, and the actors with it.
             imported = pool.submit(import_trainer)
             data_read = pool.submit(prepare_data, plan.config)  # after the imports: one thread imports
             with timeline.phase("ray_start_beside_data"):
@@ -147,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         trainer = Trainer(plan.config, plan.run_dir, data=data, resume=plan.checkpoint, timeline=timeline,
                           actors=actors)
     except (ConfigError, CheckpointError, DataError, StartError) as exc:
-        stop_ray()
+        shutdown_ray()  # a start error after Ray started: the actors stop with it
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
@@ -172,13 +165,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    # Everything is written and Ray is down. The interpreter's finalization would now spend 1.9 s
-    # (2 cores) in a last garbage collection over every object torch's and transformers' imports
-    # made; the exit handlers run, and the process ends without it. (gc.freeze() also spared the
-    # collection, but left nanobind's modules, which vLLM's dependencies bring, to report their
-    # uncollected objects as leaks on stderr.)
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    end_process(main())
