@@ -1,0 +1,102 @@
+"""How far the default job's first optimizer step is from the least a Ray actor-learner design
+can take on this machine: ours against bare floors, alternating, in one invocation.
+
+    .venv/bin/python benchmarks/startup_floor.py [--steps 3] [--repeats 3]
+
+Each time is seconds from the moment its process is spawned, measured the same way as in
+benchmarks/startup.py (ours: step 1's `time/learn_ended`):
+
+- one process's imports: `import torch` and transformers' AutoTokenizer and
+  AutoModelForCausalLM, nothing else: what a one-process trainer (TRL) pays before it loads
+  its model, and what every process of ours that tokenizes or holds a model pays.
+- Ray up: a bare driver's `ray.init` of a local cluster, as launch starts it (no dashboard).
+- driver and two actors imported: that driver importing what tokenizing needs while Ray
+  starts, then two actors (a learner's and an engine's process) importing what holding a model
+  needs; done when all three have. Nothing is loaded, evaluated or trained yet: any design
+  with the learner and the rollout engine in processes of their own pays at least this before
+  its first step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from startup import ROOT, one_run  # noqa: E402
+
+ONE_PROCESS = "import torch; from transformers import AutoModelForCausalLM, AutoTokenizer"
+
+RAY_FLOOR = """
+import json, os, sys, threading, time
+spawned = float(sys.argv[1])
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+import ray
+
+def tokenizer_imports():
+    import torch
+    from transformers import AutoTokenizer
+
+driver = threading.Thread(target=tokenizer_imports)
+driver.start()
+ray.init(address="local", num_cpus=4, include_dashboard=False)
+ray_up = time.time()
+
+@ray.remote(num_cpus=1)
+class Bare:
+    def __init__(self):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    def ready(self):
+        return time.time()
+
+actors = [Bare.remote() for _ in range(2)]
+actors_ready = max(ray.get([actor.ready.remote() for actor in actors]))
+driver.join()
+print(json.dumps({"ray_up_s": ray_up - spawned, "driver_and_two_actors_imported_s": max(actors_ready, time.time()) - spawned}))
+ray.shutdown()
+"""
+
+
+def timed(code: str) -> dict[str, float]:
+    """Run `code` in a new interpreter, given its spawn time as argv[1]; its last line is JSON,
+    else the seconds to its end are the answer."""
+    spawned = time.time()
+    result = subprocess.run([sys.executable, "-c", code, str(spawned)], capture_output=True, text=True)
+    ended = time.time()
+    if result.returncode != 0:
+        raise RuntimeError(result.stderr[-3000:])
+    lines = result.stdout.strip().splitlines()
+    return json.loads(lines[-1]) if lines else {"one_process_imports_s": ended - spawned}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    samples: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for repeat in range(args.repeats):
+            ours = one_run(ROOT, args.steps, Path(tmp) / f"ours-{repeat}")
+            measured = {**timed(ONE_PROCESS), **timed(RAY_FLOOR), "ours_first_step_s": ours["first_step_s"]}
+            for key, value in measured.items():
+                samples.setdefault(key, []).append(value)
+            print(json.dumps({k: round(v, 2) for k, v in measured.items()}), flush=True)
+    medians = {key: statistics.median(values) for key, values in samples.items()}
+    floor = medians["driver_and_two_actors_imported_s"]
+    print(f"\nmedians over {args.repeats} runs each | seconds from spawn | / floor")
+    print("---|---|---")
+    for key, value in medians.items():
+        print(f"{key} | {value:.2f} | {value / floor:.2f}")
+
+
+if __name__ == "__main__":
+    main()
