@@ -16,6 +16,7 @@ from faults import session_processes
 from gsm8k_helpers import ROWS, write_gsm8k
 from grpo_dist.config import load_config
 from grpo_dist.data import DataError, PromptCursor, load_table, prepare_data, read_jsonl
+from grpo_dist.models import load_tokenizer
 from grpo_dist.tasks.tiny import save_tiny_model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,7 +56,13 @@ def test_the_default_task_prepares_every_row():
     data = prepare_data(load_config(None))
     assert len(data.train) == 9000 and len(data.eval) == 1000
     first = data.train[0]
-    assert first.index == 0 and first.text == first.row["prompt"] and len(first.ids) == len(first.text)
+    assert first.index == 0 and first.text == first.row["prompt"]
+    # one token per character (the task's tokenizer), for every row of both splits: the one
+    # batched tokenizer call neither pads the shorter prompts nor mixes up rows
+    assert {len(p.ids) == len(p.text) for p in data.train + data.eval} == {True}
+    assert {len(p.text) for p in data.train} >= {4, 6}  # "1+2=" and "40+59=" alike
+    tokenizer = load_tokenizer(load_config(None).model.path)
+    assert all(tokenizer.decode(p.ids) == p.text for p in data.eval)
 
 
 def test_field_names_and_templates_are_configurable(tmp_path):
@@ -81,6 +88,10 @@ def test_a_chat_template_renders_messages_and_prompts_with_the_system_prompt(tmp
         "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nGo<|im_end|>\n<|im_start|>assistant\n",
     ]
     assert data.train[1].ids[0] == 3  # <|im_start|> as one token, no BOS added to the template's text
+    tokenizer = load_tokenizer(chat_model)
+    # the same as a call per prompt (three lengths: no padding), without special tokens added
+    assert [p.ids for p in data.train] == [tokenizer(p.text, add_special_tokens=False)["input_ids"] for p in data.train]
+    assert len({len(p.ids) for p in data.train}) == 3
     plain = prepare_data(config(f"model.path={chat_model}", "data.chat_template=false"))
     assert plain.train[0].text == "25+99="
 
