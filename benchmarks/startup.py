@@ -66,12 +66,17 @@ def main() -> None:
                 result = one_run(root, args.steps, Path(tmp) / f"{name}-{repeat}")
                 runs[name].append(result)
                 print(name, json.dumps({k: round(v, 2) for k, v in result.items()}), flush=True)
-    keys = ("first_step_s", "last_step_to_exit_s", "step_s", "wall_s")
-    print(f"\nmedians over {args.repeats} runs each | baseline ({args.baseline}) | this | this / baseline")
+    print_medians({name: {key: [r[key] for r in results] for key in results[0]} for name, results in runs.items()},
+                  args.baseline, args.repeats)
+
+
+def print_medians(runs: dict[str, dict[str, list[float]]], baseline: str, repeats: int, digits: int = 2) -> None:
+    """The table: each measure's median for the baseline and this checkout, and their ratio."""
+    print(f"\nmedians over {repeats} runs each | baseline ({baseline}) | this | this / baseline")
     print("---|---|---|---")
-    for key in keys:
-        base, this = (statistics.median(r[key] for r in runs[name]) for name in ("baseline", "this"))
-        print(f"{key} | {base:.2f} | {this:.2f} | {this / base:.2f}")
+    for key in runs["this"]:
+        base, this = (statistics.median(runs[name][key]) for name in ("baseline", "this"))
+        print(f"{key} | {base:.{digits}f} | {this:.{digits}f} | {this / base:.2f}")
 
 
 if __name__ == "__main__":

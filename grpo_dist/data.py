@@ -160,8 +160,8 @@ class PromptFormat:
         self.needs = dict(needs or {})  # row field -> the reward that needs it
 
     def prompts(self, table: Table) -> list[Prompt]:
-        """Every row of `table` as a Prompt. The texts are tokenized in one call: 0.10 s for the
-        default task's 9,000 rows, where a call per row took 0.55 s of the driver's start."""
+        """Every row of `table` as a Prompt. The texts are tokenized in one call, not one per row:
+        it is the driver's start (benchmarks/eval_exit.py times prepare_data)."""
         rendered = [self._render(row, table.where(i)) for i, row in enumerate(table.rows)]
         texts = [text for _, text in rendered]
         # a chat template writes the special tokens (BOS and the like) itself

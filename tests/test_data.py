@@ -53,7 +53,8 @@ def test_jsonl_json_parquet_and_dataset_folders_give_the_same_rows(tmp_path):
 
 
 def test_the_default_task_prepares_every_row():
-    data = prepare_data(load_config(None))
+    config = load_config(None)
+    data = prepare_data(config)
     assert len(data.train) == 9000 and len(data.eval) == 1000
     first = data.train[0]
     assert first.index == 0 and first.text == first.row["prompt"]
@@ -61,7 +62,7 @@ def test_the_default_task_prepares_every_row():
     # batched tokenizer call neither pads the shorter prompts nor mixes up rows
     assert {len(p.ids) == len(p.text) for p in data.train + data.eval} == {True}
     assert {len(p.text) for p in data.train} >= {4, 6}  # "1+2=" and "40+59=" alike
-    tokenizer = load_tokenizer(load_config(None).model.path)
+    tokenizer = load_tokenizer(config.model.path)
     assert all(tokenizer.decode(p.ids) == p.text for p in data.eval)
 
 
