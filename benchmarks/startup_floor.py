@@ -7,7 +7,7 @@ Each time is seconds from the moment its process is spawned, measured the same w
 benchmarks/startup.py (ours: step 1's `time/learn_ended`):
 
 - one process's imports: `import torch` and transformers' AutoTokenizer and
-  AutoModelForCausalLM, nothing else: what a one-process trainer (TRL) pays before it loads
+  AutoModelForCausalLM, nothing else, to that process's end (its exit included): what a one-process trainer (TRL) pays before it loads
   its model, and what every process of ours that tokenizes or holds a model pays.
 - Ray up: a bare driver's `ray.init` of a local cluster, as launch starts it (no dashboard).
 - driver and two actors imported: that driver importing what tokenizing needs while Ray
