@@ -117,3 +117,24 @@ def test_a_learner_step_with_shared_prompts_is_the_step_without(mu):
     assert max((a - b).abs().max().item() for a, b in zip(shared, plain)) <= 1e-3 * scale
     for key in ("loss/total", "loss/kl", "policy/grad_norm", "policy/entropy"):
         assert shared_metrics[key] == pytest.approx(plain_metrics[key], rel=1e-4, abs=1e-7), key
+
+
+def test_shared_prompts_give_the_same_gradient_to_the_bit_every_time(model):
+    """A GRPO batch's rows in a micro-batch's order (a prompt's completions apart), two threads:
+    the gradient is the same sum in the same order each time. An accumulating index_put (what
+    transformers' cache row selection does) sums in the threads' order and fails this."""
+    torch.set_num_threads(2)
+    generator = torch.Generator().manual_seed(2)
+    prompts = torch.randint(3, 40, (32, 8), generator=generator)
+    input_ids = torch.cat([prompts.repeat_interleave(8, 0), torch.randint(3, 40, (256, 10), generator=generator)], 1)
+    order = torch.randperm(256, generator=generator)  # rows of one prompt are not neighbours
+    lengths = 8 + torch.randint(1, 11, (256,), generator=generator)
+    attention_mask = (torch.arange(18)[None] < lengths[:, None]).long()
+    input_ids, attention_mask = (input_ids * attention_mask)[order], attention_mask[order]
+    weights = torch.randn(256, 17, generator=generator) * attention_mask[:, 1:]
+    seen = set()
+    for _ in range(6):
+        logprobs, _ = shared_prefix_logprobs(model, input_ids, attention_mask, torch.full((256,), 8), 1.0)
+        (logprobs * weights).sum().backward()
+        seen.add(b"".join(grad.numpy().tobytes() for grad in gradients(model)))
+    assert len(seen) == 1, f"{len(seen)} different gradients in 6 passes"

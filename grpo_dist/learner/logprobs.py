@@ -9,6 +9,8 @@ completion that attends to them.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from grpo_dist.distinct import distinct_rows
@@ -87,8 +89,8 @@ def shared_prefix_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, atte
                 position_ids=(prefix_mask.cumsum(dim=-1) - 1).clamp(min=0))
     owner = torch.tensor(owners, device=device)
     cache = out.past_key_values
-    cache.batch_select_indices(owner)
-    first_logits = out.logits[:, -1][owner]  # [B, V]: scores each row's token p_r
+    select_rows(cache, owner)
+    first_logits = out.logits[:, -1].index_select(0, owner)  # [B, V]: scores each row's token p_r
 
     lengths, starts = attention_mask.sum(dim=1), prefix_lengths.to(device)
     suffix = int((lengths - starts).max())
@@ -109,6 +111,18 @@ def shared_prefix_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, atte
         return result
 
     return placed(logprobs), None if entropy is None else placed(entropy)
+
+
+def select_rows(cache: Any, owner: torch.Tensor) -> None:
+    """Row r of every layer's keys and values becomes the prefix's `owner[r]`, by index_select.
+
+    Not `cache.batch_select_indices` (transformers indexes `keys[owner]`): that backward is an
+    accumulating index_put, whose float sums on the CPU run in the threads' order (runs differed
+    at 5e-5 after 6 steps); index_select's backward, index_add, adds in the index's order.
+    """
+    for layer in cache.layers:
+        layer.keys = layer.keys.index_select(0, owner)
+        layer.values = layer.values.index_select(0, owner)
 
 
 @torch.no_grad()
