@@ -394,14 +394,23 @@ def load_config(paths: str | Path | Sequence[str | Path] | None = None, override
     `paths` is one recipe, several, or None (the built-in default). `base` (a resolved config,
     say a checkpoint's) replaces the defaults underneath the recipes.
     """
+    tree = compose_tree(paths, overrides, base)
+    try:
+        return Config.model_validate(tree)
+    except ValidationError as exc:
+        raise ConfigError(describe_error(exc)) from None
+
+
+def compose_tree(paths: str | Path | Sequence[str | Path] | None = None, overrides: Sequence[str] = (),
+                 base: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What `load_config` validates: the recipes and overrides over the defaults (or `base`), as a
+    new tree; ConfigError when a recipe or an override cannot be read."""
     # overrides apply to the defaults too, so `reward.functions.0.weight=2` works without a file
     defaults = deep_merge(Config().model_dump(mode="json"), base or {})
     try:
-        return Config.model_validate(compose(defaults, paths, overrides))
+        return compose(defaults, paths, overrides)
     except RecipeError as exc:
         raise ConfigError(str(exc)) from None
-    except ValidationError as exc:
-        raise ConfigError(describe_error(exc)) from None
 
 
 def effective_reward(config: Config) -> RewardConfig:

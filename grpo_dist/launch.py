@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from grpo_dist.cluster import choose_cluster, connect_ray, ray_environment, shutdown_ray
-from grpo_dist.config import Config, ConfigError, dump_config, load_config
+from grpo_dist.config import Config, ConfigError, compose_tree, dump_config, load_config
 from grpo_dist.controller.checkpoints import (Checkpoint, CheckpointError, check_resume_config, find_run,
                                               resume_checkpoint, resume_hint)
 from grpo_dist.controller.errors import FAILURES, StartError
@@ -62,13 +62,17 @@ def run_dir_for(config: Config) -> Path:
 def plan_run(args: argparse.Namespace) -> RunPlan:
     """Resolve config, run directory and checkpoint; raise ConfigError or CheckpointError.
 
-    A resumed run starts from the checkpoint's config, with --config and the overrides laid over it.
+    A resumed run starts from the checkpoint's config, with --config and the overrides laid over it
+    (and validated there only: `learner.offload=all` is valid over an fsdp run's config).
     """
     overrides = list(args.overrides) + ([f"cluster.address={args.address}"] if args.address else [])
-    config = load_config(args.config, overrides)
     if args.resume is None:
+        config = load_config(args.config, overrides)
         return RunPlan(config, run_dir_for(config), None)
-    run_dir = find_run(Path(config.trainer.output_dir)) if args.resume == "auto" else Path(args.resume)
+    if args.resume == "auto":
+        run_dir = find_run(Path(compose_tree(args.config, overrides)["trainer"]["output_dir"]))
+    else:
+        run_dir = Path(args.resume)
     checkpoint = resume_checkpoint(run_dir)
     config = load_config(args.config, overrides, base=checkpoint.config)
     check_resume_config(checkpoint.config, config)

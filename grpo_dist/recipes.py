@@ -7,6 +7,7 @@ problem. Plain dicts and YAML only: the models that validate the tree are in con
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ def compose(defaults: dict[str, Any], paths: str | Path | Sequence[str | Path] |
         paths = []
     elif isinstance(paths, (str, Path)):
         paths = [paths]
-    tree = defaults
+    tree = copy.deepcopy(defaults)  # the overrides write into the tree: never into the caller's
     for path in paths:
         tree = deep_merge(tree, read_recipe(path))
     for assignment in overrides:
@@ -82,13 +83,15 @@ def describe_error(error: ValidationError) -> str:
 
 
 def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
-    """`update` laid over `base`: mappings merge key by key, anything else replaces."""
-    merged = dict(base)
+    """`update` laid over `base`, as a new tree that shares no dict or list with either (a
+    resume's overrides must not write into the checkpoint's config they are compared with):
+    mappings merge key by key, anything else replaces."""
+    merged = copy.deepcopy(base)
     for key, value in update.items():
         if isinstance(value, dict) and isinstance(merged.get(key), dict):
             merged[key] = deep_merge(merged[key], value)
         else:
-            merged[key] = value
+            merged[key] = copy.deepcopy(value)
     return merged
 
 

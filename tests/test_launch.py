@@ -19,7 +19,8 @@ import pytest
 from grpo_dist.controller.checkpoints import TrainerState, save_checkpoint
 from grpo_dist.config import load_config
 from grpo_dist.cluster import probe_ray, ray_address_file
-from grpo_dist.launch import parse_args, plan_run
+from grpo_dist.launch import main, parse_args, plan_run
+from grpo_dist.tasks.tiny import save_tiny_model
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRETS = {"WANDB_API_KEY": "wandb-secret-5f1c0e7a9d", "HF_TOKEN": "hf_secret_93b2d7c4e1"}
@@ -89,6 +90,66 @@ def test_bad_input_is_one_message_exit_2_and_nothing_written(tmp_path):
     assert listing(out) == {**before, "run/checkpoints/step_000003/learner.pt": listing(out)[
         "run/checkpoints/step_000003/learner.pt"]}  # only the file this test tore
     assert not (tmp_path / "empty").exists() and not (tmp_path / "nothing").exists()
+
+
+
+def resume_in_process(capsys, run_dir: Path, *overrides: str) -> tuple[int, str]:
+    """The launcher's own main() on `--resume run_dir --print-config overrides`: the resume is
+    planned and guarded as a real one is, then the config is printed instead of run."""
+    code = main(["--resume", str(run_dir), "--print-config", *overrides])
+    captured = capsys.readouterr()
+    return code, captured.err if code else captured.out
+
+
+def test_the_resume_guard_refuses_every_field_that_decides_what_is_trained(tmp_path, capsys):
+    """Each change is exit 2 with one line naming the field; the checkpoint's config is left as it
+    was, on disk and as loaded (an override once wrote into the dict it was compared with)."""
+    other_model = tmp_path / "other_model"
+    save_tiny_model(other_model, "llama")
+    lora = make_run(tmp_path, "lora", "learner.lora={rank: 4, alpha: 8}")
+    plain = make_run(tmp_path, "plain")
+    saved = {run: (run / "checkpoints" / "step_000003" / "config.yaml").read_text() for run in (lora, plain)}
+    capsys.readouterr()  # the model's save printed a progress bar
+    cases = [
+        (lora, ["learner.lora.alpha=32"], "learner.lora.alpha"),
+        (lora, ["learner.lora.rank=8"], "learner.lora.rank"),
+        (lora, ["learner.lora=null"], "learner.lora"),
+        (plain, ["learner.lora={rank: 4}"], "learner.lora"),
+        (plain, [f"model.path={other_model}"], "model.path"),
+        (plain, ["algo.lr=0.5"], "algo.lr"),
+        (plain, ["algo.beta=0.1"], "algo.beta"),
+        (plain, ["rollout.group_size=4"], "rollout.group_size"),
+        (plain, ["learner.sharding=fsdp", "learner.num_ranks=2"], "learner.sharding"),
+        (plain, ["reward.functions.0.weight=2"], "reward.functions"),
+    ]
+    for run_dir, overrides, field in cases:
+        code, err = resume_in_process(capsys, run_dir, *overrides)
+        assert (code, err.count("\n")) == (2, 1), (overrides, err)
+        assert err.startswith(f"error: cannot resume with a different {field} ("), (overrides, err)
+        plan = plan_run(parse_args(["--resume", str(run_dir)]))  # a plain resume still passes the guard
+        assert plan.checkpoint.config == load_config(None, [
+            f"trainer.output_dir={tmp_path}", f"trainer.run_name={run_dir.name}",
+            *(["learner.lora={rank: 4, alpha: 8}"] if run_dir == lora else [])]).model_dump(mode="json")
+    assert {run: (run / "checkpoints" / "step_000003" / "config.yaml").read_text() for run in saved} == saved
+
+    # the same door as a user meets it: `python -m grpo_dist.launch --resume RUN learner.lora.alpha=32`
+    result = launch("--resume", str(lora), "learner.lora.alpha=32")
+    assert result.returncode == 2 and result.stderr.startswith("error: cannot resume with a different "
+                                                               "learner.lora.alpha (learner.lora.alpha: 8.0 in the "
+                                                               "checkpoint, 32.0 now)"), result.stderr
+
+
+def test_a_resume_may_change_how_long_what_is_logged_deadlines_and_placement(tmp_path, capsys):
+    run_dir = make_run(tmp_path, "run")
+    fsdp = make_run(tmp_path, "fsdp", "learner.sharding=fsdp", "learner.num_ranks=2")
+    allowed = ["trainer.steps=9", "trainer.loggers=[jsonl]", "trainer.progress=false", "trainer.samples_every=1",
+               "trainer.call_timeout_s=60", "trainer.weight_sync_timeout_s=60", "learner.threads=1",
+               "learner.micro_batch_size=4", "rollout.num_workers=2", "trainer.eval_every=0"]
+    code, out = resume_in_process(capsys, run_dir, *allowed)
+    assert code == 0, out
+    assert "steps: 9" in out and "call_timeout_s: 60.0" in out and "micro_batch_size: 4" in out
+    code, out = resume_in_process(capsys, fsdp, "learner.offload=all", "learner.num_ranks=3")
+    assert code == 0 and "offload: all" in out, out
 
 
 @pytest.mark.slow  # two clusters started, tens of seconds

@@ -46,23 +46,24 @@ SAMPLES = "samples.jsonl"
 CONFIG = "config.yaml"
 
 # Fields that may differ between a checkpoint's config and the resumed run's: how long to
-# run, how often to evaluate and save, where things run, and the evaluation set. Every other
-# field decides what is trained, so a resume keeps it (named by dotted path or section).
+# run, how often to evaluate, save and log, deadlines, where things run, and the evaluation
+# set. Every other field decides what is trained, so a resume keeps it (by dotted path or section).
 RESUMABLE = (
     "trainer.steps", "trainer.max_wall_seconds", "trainer.eval_every", "trainer.output_dir",
     "trainer.run_name", "trainer.save_final", "trainer.progress", "trainer.checkpoint_every",
     "trainer.keep_checkpoints", "trainer.max_bad_steps", "trainer.verify_weight_sync",
     "trainer.weight_sync", "trainer.weight_sync_timeout_s", "trainer.weight_sync_bucket_mb",
-    "cluster", "data.eval", "data.eval_rows",
+    "trainer.call_timeout_s", "trainer.loggers", "trainer.wandb_project", "trainer.samples_every",
+    "trainer.samples_per_log", "cluster", "data.eval", "data.eval_rows",
     # the learner's placement and how it splits a batch (micro-batching is exact); not learner.lora,
     # which decides what is trained (its rank and alpha shape the adapters a checkpoint holds), nor
     # learner.sharding, whose checkpoints differ (fsdp: shards/ that reshard to any learner.num_ranks)
     "learner.num_cpus", "learner.num_gpus", "learner.resources", "learner.node_labels", "learner.num_ranks",
     "learner.threads", "learner.micro_batch_size", "learner.max_tokens_per_micro_batch",
-    "learner.gradient_checkpointing", "learner.offload", "learner.share_prompts",
+    "learner.gradient_checkpointing", "learner.offload", "learner.share_prompts", "learner.collective_timeout_s",
     "rollout.engine", "rollout.placement", "rollout.num_workers", "rollout.num_cpus",
     "rollout.num_gpus", "rollout.threads", "rollout.vllm",
-    "reward.num_workers", "reward.num_cpus", "reward.num_gpus", "reward.processes",
+    "reward.num_workers", "reward.placement", "reward.num_cpus", "reward.num_gpus", "reward.processes",
 )
 
 
