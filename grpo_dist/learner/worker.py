@@ -1,7 +1,7 @@
 """Learner: the trainable policy, the frozen reference, AdamW, and one GRPO update per step.
 
 One `train_step` reads top to bottom like CleanRL's update: batch -> pi_ref and pi_old ->
-for each pass and minibatch: this rank's micro-batches -> logprobs -> grpo.policy_loss ->
+for each pass and minibatch: this rank's micro-batches -> logprobs -> grpo.policy_loss_terms ->
 backward (gradients accumulate) -> sum over ranks -> clip -> AdamW step; then the learning
 rate's schedule steps. The pieces live beside it: batch.py (groups to tensors,
 micro-batches), logprobs.py, precision.py (float32 masters), lora.py (LoRA adapters),
@@ -52,6 +52,9 @@ class Learner:
         torch.set_num_threads(learner.threads)
         self.device = "cuda" if learner.num_gpus > 0 and torch.cuda.is_available() else "cpu"
         self.algo, self.learner, self.rollout = algo, learner, rollout
+        self.loss_settings = grpo.LossSettings(
+            clip_low=algo.clip_low, clip_high=algo.clip_high, beta=algo.beta, aggregation=algo.aggregation,
+            max_tokens=rollout.max_new_tokens, tis_cap=algo.tis_cap, ratio_level=algo.ratio_level)
         self.tokenizer = load_tokenizer(model.path)
         self.dtype, self.total_steps = DTYPES[model.dtype], total_steps
         # fsdp: a float32 policy (LoRA: a float32 base) in host memory, sharded in join_ranks, which
@@ -230,22 +233,9 @@ class Learner:
             if fill_old:
                 micro.old_logprobs = torch.where(micro.mask.bool(), logprobs.detach(), 0.0)
                 batch.old_logprobs[micro_rows, : logprobs.shape[1]] = micro.old_logprobs.cpu()
-            loss, micro_stats = grpo.policy_loss_terms(
-                logprobs,
-                micro.old_logprobs,
-                micro.advantages,
-                micro.mask,
-                ref_logprobs=micro.ref_logprobs,
-                beta=self.algo.beta,
-                clip_low=self.algo.clip_low,
-                clip_high=self.algo.clip_high,
-                aggregation=self.algo.aggregation,
-                max_tokens=self.rollout.max_new_tokens,
-                sampler_logprobs=micro.sampler_logprobs,
-                tis_cap=self.algo.tis_cap,
-                denominator=denominator,
-                ratio_level=self.algo.ratio_level,
-            )
+            inputs = grpo.LossInputs(logprobs, micro.old_logprobs, micro.advantages, micro.mask,
+                                     ref_logprobs=micro.ref_logprobs, sampler_logprobs=micro.sampler_logprobs)
+            loss, micro_stats = grpo.policy_loss_terms(inputs, self.loss_settings, denominator)
             loss.backward()
             self.weights.collect_grads()  # into the float32 master gradients
             stats.add_micro_batch(loss.detach(), micro_stats, entropy, micro.mask)
