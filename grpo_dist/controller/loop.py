@@ -14,16 +14,15 @@ so batch t is sampled by version t - k - 1 (0 for the first k + 1 batches) and t
 version t - 1: never more than k versions old. The driver holds references and metrics; the
 actors do the generation, scoring and training.
 
-Checkpoints and failures (docs/checkpoints.md). After step t is complete (trained, its
-metrics logged) the controller saves a checkpoint (checkpoint.py) every
-`trainer.checkpoint_every` steps, after the last step, on an early stop, and when SIGINT or
-SIGTERM asks it to stop (signals.py); the learner is idle then, so its share is that of step
-t. A resumed run restores the data cursor and the batches drawn but not trained (when the Trainer
-is made), then the learner's state, and pushes the checkpoint's weights to every engine,
-verified, before anything is generated. Rollout and reward actors
-whose process dies are restarted by Ray and caught up by the Supervisor (recovery.py); a
-learner that dies ends the run (LearnerLost). Every wait is bounded (trainer.call_timeout_s,
-trainer.weight_sync_timeout_s).
+Checkpoints and failures (docs/checkpoints.md). After step t is complete (trained, its metrics
+logged) the controller saves a checkpoint (checkpoints.py) every `trainer.checkpoint_every` steps,
+after the last step, on an early stop, and when SIGINT or SIGTERM asks it to stop (signals.py);
+the learner is idle then, so its share is that of step t. A resumed run restores the data cursor
+and the batches drawn but not trained (when the Trainer is made), then the learner's state, and
+pushes the checkpoint's weights to every engine, verified, before anything is generated. Rollout
+and reward actors whose process dies are restarted by Ray and caught up by the Supervisor
+(recovery.py); a learner that dies ends the run (LearnerLost). Every wait is bounded
+(trainer.call_timeout_s, trainer.weight_sync_timeout_s).
 
 With algo.dynamic_sampling, collecting batch t may add rounds of prompts until it holds
 prompts_per_step informative groups (dynamic.py); they are sampled by the newest version pushed.
@@ -87,9 +86,8 @@ class Trainer:
         `actors`: created by launch while the data were read (`Actors.create`); else by `start`.
         `resume`: the checkpoint to continue from; its data cursor is restored here (CheckpointError
         when this run's data differ). `timeline`: the run's start and end (launch's, from the command)."""
-        self.config = config
+        self.config, self.run_dir = config, run_dir
         self.timeline = timeline or Timeline()
-        self.run_dir = run_dir
         data = data if data is not None else prepare_data(config)
         self.train_prompts, self.eval_prompts = data.train, data.eval
         self.cursor = PromptCursor(self.train_prompts, config.trainer.seed)
@@ -215,9 +213,12 @@ class Trainer:
                     self.stop()
         if wait_report:
             self.wait_report()
+        return self._write_summary(before, after, steps, engines, started)
+
+    def _write_summary(self, before: float, after: float, steps: int, engines: list[str], started: float) -> dict:
+        """summary.json: the accuracy before and after, what ran, its restarts, and where its results are."""
         summary = {
-            "eval_accuracy_before": before,
-            "eval_accuracy_after": after,
+            "eval_accuracy_before": before, "eval_accuracy_after": after,
             "eval_rows": len(self.eval_prompts),
             "eval_accuracy_stderr_after": standard_error(after, len(self.eval_prompts)) if self.eval_prompts else None,
             "steps": steps,
@@ -229,10 +230,9 @@ class Trainer:
             "checkpoint": None if self.saved is None else str(self.saved[1]),
             "wall_seconds": round(time.time() - started, 1),
             "run_dir": str(self.run_dir),
+            **({} if self.stop_signal is None else {"stopped_by": signal.Signals(self.stop_signal).name}),
+            "timeline": self.timeline.summary(),
         }
-        if self.stop_signal is not None:
-            summary["stopped_by"] = signal.Signals(self.stop_signal).name
-        summary["timeline"] = timeline.summary()
         write_json_atomic(self.run_dir / "summary.json", summary)
         return summary
 
