@@ -2,7 +2,7 @@
 
 `evaluate` is the one code path: the trainer's periodic evaluation calls it with the run's
 actors, and `python -m grpo_dist.eval` (eval.py) with actors it starts on a policy. The rows
-are split over the rollout workers as training splits a step (pipeline.split: contiguous,
+are split over the rollout workers as training splits a step (pipeline.contiguous_shares: contiguous,
 nearly equal shares); each share's groups go from its engine to a reward actor by reference,
 and only a few numbers per row come back to the driver (chunk_stats.per_group).
 """
@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from grpo_dist.config import Config
-from grpo_dist.controller.pipeline import split
+from grpo_dist.controller.pipeline import contiguous_shares
 from grpo_dist.env.runner import solved_shares
 from grpo_dist.rollout.sampling import sampling_settings
 from grpo_dist.seeding import prompt_seed
@@ -64,7 +64,7 @@ def score_rows(rollouts: list[Any], rewards: list[Any], prompts: list[Prompt], s
     trainer.call_timeout_s raises CallTimeout."""
     seed, timeout_s = config.trainer.seed, config.trainer.call_timeout_s
     seeds = {prompt.index: prompt_seed(seed, EVAL_STEP, prompt.index) for prompt in prompts}
-    shares = [share for share in split(prompts, len(rollouts)) if share]
+    shares = [share for share in contiguous_shares(prompts, len(rollouts)) if share]
     summaries = []
     for index, share in enumerate(shares):
         groups = rollouts[index].generate.remote(share, sampling, [seeds[p.index] for p in share])

@@ -36,7 +36,8 @@ bounds nothing changes; beyond them the value is e^(+-20) and the gradient throu
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -167,75 +168,95 @@ def importance_weight_stats(
             "is_capped_fraction": capped}
 
 
-def policy_loss(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, dict[str, float]]:
-    """The clipped GRPO objective with an optional KL penalty to a reference policy: the
-    arguments and the loss of `policy_loss_terms`, its statistics as floats (one host read)."""
-    loss, stats = policy_loss_terms(*args, **kwargs)
-    return loss, dict(zip(stats, torch.stack(list(stats.values())).tolist()))
+@dataclass(frozen=True)
+class LossInputs:
+    """The per-token inputs of one (micro-)batch of B sequences padded to T tokens.
+
+    logprobs          [B, T]  log pi_theta(o_t), with grad
+    old_logprobs      [B, T]  log pi_old(o_t), the policy that the ratio is taken against
+    advantages        [B]     A_i, one value per sequence broadcast over its tokens
+    mask              [B, T]  1 on the completion tokens that count, 0 on prompt and padding
+    ref_logprobs      [B, T]  log pi_ref(o_t), for the KL term (needed when beta != 0)
+    sampler_logprobs  [B, T]  log pi_sampler(o_t) as the engine drew it (needed with tis_cap)
+    """
+
+    logprobs: torch.Tensor
+    old_logprobs: torch.Tensor
+    advantages: torch.Tensor
+    mask: torch.Tensor
+    ref_logprobs: torch.Tensor | None = None
+    sampler_logprobs: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    """The objective's settings, the same for every micro-batch of a run.
+
+    clip_low, clip_high  eps_low, eps_high of clip(rho, 1 - eps_low, 1 + eps_high)
+    beta                 weight of the k3 KL penalty to pi_ref (0: no reference needed)
+    aggregation          how the per-token losses reduce to one (see `aggregate`)
+    max_tokens           the completion budget, D's factor for aggregation="constant"
+    tis_cap              C of truncated importance sampling; None: no correction
+    ratio_level          "token" (GRPO) or "sequence" (GSPO's s_i)
+    """
+
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    beta: float = 0.0
+    aggregation: Aggregation = "token_mean"
+    max_tokens: int | None = None
+    tis_cap: float | None = None
+    ratio_level: RatioLevel = "token"
 
 
 def policy_loss_terms(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    ref_logprobs: torch.Tensor | None = None,
-    beta: float = 0.0,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    aggregation: Aggregation = "token_mean",
-    max_tokens: int | None = None,
-    sampler_logprobs: torch.Tensor | None = None,
-    tis_cap: float | None = None,
-    denominator: float | None = None,
-    ratio_level: RatioLevel = "token",
+    inputs: LossInputs, settings: LossSettings, denominator: float | None = None
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The clipped GRPO objective with an optional KL penalty to a reference policy; its
     statistics stay 0-dim tensors on the inputs' device (no host sync: the learner reads them
     once per optimizer step).
 
-    logprobs (with grad), old_logprobs, ref_logprobs, sampler_logprobs and mask are [B, T];
-    advantages is [B], one value per sequence broadcast over its tokens. With `tis_cap`, the
-    policy term of each token is weighted by min(pi_old / pi_sampler, tis_cap). `denominator`
-    is the whole batch's D when these rows are a micro-batch of it (see `aggregate`).
-    `ratio_level="sequence"` is GSPO: every token of a sequence carries its sequence ratio s_i
-    (a row is never split, so micro-batches change nothing). Returns the scalar loss and the
-    statistics: `policy_loss` (the loss without the KL term, same D) and means over the
-    unmasked tokens (of s_i's, for GSPO).
+    With `tis_cap`, the policy term of each token is weighted by min(pi_old / pi_sampler,
+    tis_cap). `denominator` is the whole batch's D when these rows are a micro-batch of it (see
+    `aggregate`). `ratio_level="sequence"` is GSPO: every token of a sequence carries its
+    sequence ratio s_i (a row is never split, so micro-batches change nothing). Returns the
+    scalar loss and the statistics: `policy_loss` (the loss without the KL term, same D) and
+    means over the unmasked tokens (of s_i's, for GSPO).
     """
+    mask = inputs.mask
     valid = mask.bool()
 
     def only_valid(values: torch.Tensor) -> torch.Tensor:  # 0 where the mask is unset
         return torch.where(valid, values, torch.zeros_like(values))
 
-    logprobs, old_logprobs = only_valid(logprobs), only_valid(old_logprobs.detach())
-    adv = advantages.detach().to(logprobs.dtype).unsqueeze(1)  # A, the same for every token of o_i
+    logprobs, old_logprobs = only_valid(inputs.logprobs), only_valid(inputs.old_logprobs.detach())
+    adv = inputs.advantages.detach().to(logprobs.dtype).unsqueeze(1)  # A, the same for every token of o_i
     log_ratio = logprobs - old_logprobs  # log rho_t = log pi_theta - log pi_old (0 off the mask)
-    if ratio_level == "sequence":
-        if tis_cap is not None:
+    if settings.ratio_level == "sequence":
+        if settings.tis_cap is not None:
             raise ValueError("tis_cap weighs tokens: ratio_level='sequence' does not take it")
         lengths = valid.sum(dim=1, keepdim=True).clamp(min=1)  # |o_i|
         log_ratio = (log_ratio.sum(dim=1, keepdim=True) / lengths).expand_as(log_ratio)  # log s_i
-    elif ratio_level != "token":
-        raise ValueError(f"ratio_level must be 'token' or 'sequence', got {ratio_level!r}")
+    elif settings.ratio_level != "token":
+        raise ValueError(f"ratio_level must be 'token' or 'sequence', got {settings.ratio_level!r}")
     ratio = ratio_from_log(log_ratio)  # rho_t = pi_theta / pi_old, or GSPO's s_i on every token of o_i
-    clipped_ratio = torch.clamp(ratio, 1 - clip_low, 1 + clip_high)  # clip(rho, 1-eps_low, 1+eps_high)
+    clipped_ratio = torch.clamp(ratio, 1 - settings.clip_low, 1 + settings.clip_high)  # clip(rho, 1-eps_low, 1+eps_high)
     per_token = -torch.min(ratio * adv, clipped_ratio * adv)  # -min(rho A, clip(rho) A)
-    if tis_cap is not None:
-        if sampler_logprobs is None:
+    if settings.tis_cap is not None:
+        if inputs.sampler_logprobs is None:
             raise ValueError("tis_cap needs sampler_logprobs")
-        weights = truncated_importance_weights(old_logprobs, only_valid(sampler_logprobs), tis_cap)
+        weights = truncated_importance_weights(old_logprobs, only_valid(inputs.sampler_logprobs), settings.tis_cap)
         per_token = weights * per_token  # w_t * -min(rho A, clip(rho) A)
     policy_term = per_token
     kl = None
-    if beta != 0.0:
-        if ref_logprobs is None:
+    if settings.beta != 0.0:
+        if inputs.ref_logprobs is None:
             raise ValueError("beta != 0 needs ref_logprobs")
-        kl = kl_k3(logprobs, only_valid(ref_logprobs.detach()))
-        per_token = per_token + beta * kl  # + beta * KL_k3
-    loss = aggregate(per_token, mask, aggregation, max_tokens, denominator)
-    stats = _loss_stats(ratio, adv, mask, clip_low, clip_high, kl)
-    stats["policy_loss"] = aggregate(policy_term.detach(), mask, aggregation, max_tokens, denominator)
+        kl = kl_k3(logprobs, only_valid(inputs.ref_logprobs.detach()))
+        per_token = per_token + settings.beta * kl  # + beta * KL_k3
+    loss = aggregate(per_token, mask, settings.aggregation, settings.max_tokens, denominator)
+    stats = _loss_stats(ratio, adv, mask, settings.clip_low, settings.clip_high, kl)
+    stats["policy_loss"] = aggregate(policy_term.detach(), mask, settings.aggregation, settings.max_tokens, denominator)
     return loss, stats
 
 

@@ -1,7 +1,7 @@
 """Print the configuration reference (a markdown table per section) from the pydantic models.
 
-The README's "Configuration reference" is this script's output:
-    python scripts/config_reference.py
+docs/config.md is this script's output, and tests/test_docs.py checks that it is current:
+    python scripts/config_reference.py > docs/config.md
 """
 
 from __future__ import annotations
@@ -43,9 +43,18 @@ def rows(model: type[BaseModel], prefix: str) -> list[str]:
     return lines
 
 
+HEADER = """# Configuration reference
+
+Every field, its default and what it means, from the pydantic models (grpo_dist/config.py,
+run_config.py, env/config.py). Generated: `python scripts/config_reference.py > docs/config.md`
+(tests/test_docs.py checks that this file is current). How recipes, `--config` files and
+`section.field=value` overrides compose: docs/running.md."""
+
+
 def main() -> None:
+    print(HEADER)
     for section, field in Config.model_fields.items():
-        print(f"\n**{section}**\n\n| field | default | meaning |\n|---|---|---|")
+        print(f"\n## {section}\n\n| field | default | meaning |\n|---|---|---|")
         optional = optional_section(field.annotation)
         if optional is not None:  # a section that is off by default (env): its row, then its fields when set
             print(f"| `{section}` | `None` | {field.description or ''} |")

@@ -1,10 +1,14 @@
 """The import graph of grpo_dist: every module's imports of other grpo_dist modules, its circles,
-and the library modules that import a command line.
+the library modules that import a command line, and the functions too long to read at once.
 
-    python scripts/import_graph.py          # prints the graph; exit 1 on a circle or a library->CLI import
+    python scripts/import_graph.py          # prints the graph; exit 1 on a circle, a library->CLI import
+                                            # or a function longer than MAX_FUNCTION_LINES
 
-Imports inside functions count too: a circle through a deferred import still ties two modules
-together. tests/test_layout.py runs the same checks.
+An import is any of: `import a.b`, `from a import b`, a relative `from . import b` / `from ..a
+import b`, and `importlib.import_module` with a constant name. A computed name is not followed: the
+registries (reward/registry.py, env/registry.py) name their built-ins in strings, which are data.
+Imports inside functions count too: a circle through a deferred import still ties
+two modules together. tests/test_layout.py runs the same checks.
 """
 
 from __future__ import annotations
@@ -15,28 +19,64 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "grpo_dist"
 COMMAND_LINES = {"grpo_dist.launch", "grpo_dist.eval", "grpo_dist.report"}
+MAX_FUNCTION_LINES = 60
 
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+def module_name(path: Path, package: Path = PACKAGE) -> str:
+    parts = path.relative_to(package.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def import_graph() -> dict[str, set[str]]:
-    """module -> the grpo_dist modules it imports (a `from package import name` names the
+def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    """module -> the modules of `package` it imports (a `from package import name` names the
     submodule when there is one, else the package)."""
-    modules = {module_name(path): path for path in PACKAGE.rglob("*.py")}
+    modules = {module_name(path, package): path for path in package.rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
+        tree = ast.parse(path.read_text(), str(path))
+        here = name if path.name == "__init__.py" else name.rpartition(".")[0]  # the package `.` means
         edges: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
-                edges |= {alias.name for alias in node.names if alias.name in modules}
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and node.module in modules:
-                subs = {f"{node.module}.{alias.name}" for alias in node.names} & modules.keys()
-                edges |= subs or {node.module}
+        for node in ast.walk(tree):
+            edges |= imported(node, here, modules.keys())
         graph[name] = edges - {name}
     return graph
+
+
+def imported(node: ast.AST, here: str, modules: set[str] | dict) -> set[str]:
+    """The package's modules that one statement or call imports; `here` is the module's package."""
+    if isinstance(node, ast.Import):
+        return {alias.name for alias in node.names if alias.name in modules}
+    if isinstance(node, ast.ImportFrom):
+        base = node.module or ""
+        if node.level:  # from .x import y: `here`, minus a package per extra dot, then x
+            anchor = here.rsplit(".", node.level - 1)[0] if node.level > 1 else here
+            base = f"{anchor}.{base}" if base else anchor
+        subs = {f"{base}.{alias.name}" for alias in node.names} & set(modules)
+        return subs or ({base} & set(modules))
+    if isinstance(node, ast.Call) and is_import_module(node.func) and node.args:
+        target = node.args[0]
+        if isinstance(target, ast.Constant) and isinstance(target.value, str):
+            name = f"{here}{target.value}" if target.value.startswith(".") else target.value
+            return {name} & set(modules)
+    return set()
+
+
+def is_import_module(func: ast.expr) -> bool:
+    """`importlib.import_module` or a bare `import_module`."""
+    return (isinstance(func, ast.Attribute) and func.attr == "import_module") or (
+        isinstance(func, ast.Name) and func.id == "import_module")
+
+
+def long_functions(package: Path = PACKAGE, limit: int = MAX_FUNCTION_LINES) -> list[tuple[str, int]]:
+    """("path:line name", lines) of every function or method longer than `limit` lines, longest first."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > limit:
+                    found.append((f"{path.relative_to(package.parent)}:{node.lineno} {node.name}", lines))
+    return sorted(found, key=lambda item: -item[1])
 
 
 def circles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -83,7 +123,9 @@ def main() -> int:
         print(f"{name} -> {', '.join(sorted(graph[name])) or '-'}")
     problems = [f"circle: {' <-> '.join(circle)}" for circle in circles(graph)]
     problems += [f"library imports a command line: {name} -> {cli}" for name, cli in library_to_cli(graph)]
-    print("\n".join(problems) or f"{len(graph)} modules, no circle, no library module imports a command line")
+    problems += [f"function of {lines} lines (> {MAX_FUNCTION_LINES}): {where}" for where, lines in long_functions()]
+    print("\n".join(problems) or f"{len(graph)} modules, no circle, no library module imports a command line, "
+          f"no function over {MAX_FUNCTION_LINES} lines")
     return 1 if problems else 0
 
 

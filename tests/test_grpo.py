@@ -5,8 +5,16 @@ import math
 import pytest
 import torch
 
-from grpo_dist.grpo import (LOG_RATIO_BOUND, aggregate, group_advantages, importance_weight_stats, informative_groups,
-                            kl_k3, loss_denominator, policy_loss, policy_loss_terms, truncated_importance_weights)
+from grpo_dist.grpo import (LOG_RATIO_BOUND, LossInputs, LossSettings, aggregate, group_advantages,
+                            importance_weight_stats, informative_groups, kl_k3, loss_denominator, policy_loss_terms,
+                            truncated_importance_weights)
+
+
+def loss_and_floats(inputs: LossInputs, settings: LossSettings = LossSettings(),
+                    denominator: float | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """policy_loss_terms with its statistics read as floats, as the learner reads them once per step."""
+    loss, stats = policy_loss_terms(inputs, settings, denominator)
+    return loss, {key: value.item() for key, value in stats.items()}
 
 
 def test_advantages_std_scale_match_hand_values():
@@ -95,7 +103,8 @@ def test_policy_loss_aggregates_per_token_losses():
     zeros = torch.zeros(2, 4)
     advantages = torch.tensor([-1.0, -4.0])
     for aggregation, expected in [("token_mean", 3.0), ("sequence_mean", 2.5), ("constant", 2.25)]:
-        loss, _ = policy_loss(zeros, zeros, advantages, MASK, aggregation=aggregation, max_tokens=4)
+        loss, _ = loss_and_floats(LossInputs(zeros, zeros, advantages, MASK),
+                                  LossSettings(aggregation=aggregation, max_tokens=4))
         assert loss.item() == pytest.approx(expected)
 
 
@@ -110,7 +119,8 @@ def test_kl_penalty_adds_beta_times_k3():
     logp = torch.zeros(1, 2)
     ref = torch.full((1, 2), math.log(2.0))
     mask = torch.ones(1, 2)
-    loss, stats = policy_loss(logp, logp, torch.tensor([0.0]), mask, ref_logprobs=ref, beta=0.1)
+    loss, stats = loss_and_floats(LossInputs(logp, logp, torch.tensor([0.0]), mask, ref_logprobs=ref),
+                                  LossSettings(beta=0.1))
     assert loss.item() == pytest.approx(0.1 * 0.306853, abs=1e-6)
     assert stats["kl"] == pytest.approx(0.306853, abs=1e-6)
 
@@ -119,7 +129,7 @@ def test_gradient_through_a_clipped_token_is_zero():
     old = torch.zeros(1, 3)
     # token 0: ratio e^0.5 > 1.2 with A > 0 -> clipped; token 1: ratio 1.1 inside; token 2: ratio e^-0.5 < 0.8, A > 0 -> not clipped
     logp = torch.tensor([[0.5, math.log(1.1), -0.5]], requires_grad=True)
-    loss, stats = policy_loss(logp, old, torch.tensor([1.0]), torch.ones(1, 3))
+    loss, stats = loss_and_floats(LossInputs(logp, old, torch.tensor([1.0]), torch.ones(1, 3)))
     loss.backward()
     assert logp.grad[0, 0].item() == 0.0
     assert logp.grad[0, 1].item() == pytest.approx(-1.1 / 3)  # d(-rho A)/dlogp = -rho A, / 3 tokens
@@ -132,7 +142,8 @@ def test_gradient_through_a_clipped_token_is_zero():
 def test_negative_advantage_clips_below():
     old = torch.zeros(1, 2)
     logp = torch.tensor([[-0.5, 0.5]], requires_grad=True)  # ratios 0.61 (clipped for A<0), 1.65 (not)
-    loss, stats = policy_loss(logp, old, torch.tensor([-1.0]), torch.ones(1, 2), clip_low=0.2, clip_high=0.28)
+    loss, stats = loss_and_floats(LossInputs(logp, old, torch.tensor([-1.0]), torch.ones(1, 2)),
+                                  LossSettings(clip_low=0.2, clip_high=0.28))
     loss.backward()
     assert logp.grad[0, 0].item() == 0.0
     assert logp.grad[0, 1].item() == pytest.approx(math.exp(0.5) / 2, rel=1e-5)
@@ -141,14 +152,15 @@ def test_negative_advantage_clips_below():
 
 def test_masked_tokens_get_no_gradient():
     logp = torch.zeros(1, 3, requires_grad=True)
-    loss, _ = policy_loss(logp, torch.zeros(1, 3), torch.tensor([1.0]), torch.tensor([[1, 1, 0]]))
+    loss, _ = loss_and_floats(LossInputs(logp, torch.zeros(1, 3), torch.tensor([1.0]), torch.tensor([[1, 1, 0]])))
     loss.backward()
     assert logp.grad[0, 2].item() == 0.0
 
 
 def test_beta_without_reference_is_an_error():
     with pytest.raises(ValueError, match="ref_logprobs"):
-        policy_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1), torch.ones(1, 1), beta=0.1)
+        loss_and_floats(LossInputs(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1), torch.ones(1, 1)),
+                        LossSettings(beta=0.1))
 
 
 # Truncated importance sampling: pi_old = 0.5 on every token; the sampler gave the tokens
@@ -160,8 +172,8 @@ TIS_MASK = torch.ones(1, 3)
 
 def test_truncated_importance_sampling_weighs_each_token_by_the_capped_ratio():
     logprobs = TIS_OLD.clone().requires_grad_(True)  # rho = 1: the policy term is -A = -1 per token
-    loss, _ = policy_loss(logprobs, TIS_OLD, torch.tensor([1.0]), TIS_MASK,
-                          sampler_logprobs=TIS_SAMPLER, tis_cap=3.0)
+    loss, _ = loss_and_floats(LossInputs(logprobs, TIS_OLD, torch.tensor([1.0]), TIS_MASK,
+                                         sampler_logprobs=TIS_SAMPLER), LossSettings(tis_cap=3.0))
     # token mean of -w_t * A = -(1 + 2 + 3) / 3 = -2 (without TIS it would be -1)
     assert loss.item() == pytest.approx(-2.0)
     loss.backward()
@@ -170,13 +182,14 @@ def test_truncated_importance_sampling_weighs_each_token_by_the_capped_ratio():
 
 
 def test_without_tis_cap_the_sampler_logprobs_are_ignored():
-    loss, _ = policy_loss(TIS_OLD, TIS_OLD, torch.tensor([1.0]), TIS_MASK, sampler_logprobs=TIS_SAMPLER)
+    loss, _ = loss_and_floats(LossInputs(TIS_OLD, TIS_OLD, torch.tensor([1.0]), TIS_MASK,
+                                         sampler_logprobs=TIS_SAMPLER))
     assert loss.item() == pytest.approx(-1.0)
 
 
 def test_tis_cap_without_sampler_logprobs_is_an_error():
     with pytest.raises(ValueError, match="sampler_logprobs"):
-        policy_loss(TIS_OLD, TIS_OLD, torch.tensor([1.0]), TIS_MASK, tis_cap=2.0)
+        loss_and_floats(LossInputs(TIS_OLD, TIS_OLD, torch.tensor([1.0]), TIS_MASK), LossSettings(tis_cap=2.0))
 
 
 def test_importance_weight_stats_match_hand_values():
@@ -200,9 +213,10 @@ def test_masked_positions_with_huge_gaps_give_finite_loss_and_gradient(tis_cap):
 
     def run(logp_masked, old_masked, ref_masked, sampler_masked):
         logprobs = at_masked(logp_masked).requires_grad_(True)
-        loss, stats = policy_loss(logprobs, at_masked(old_masked), torch.tensor([1.0, -0.5]), mask,
-                                  ref_logprobs=at_masked(ref_masked) + 0.1 * valid, beta=0.04,
-                                  sampler_logprobs=at_masked(sampler_masked), tis_cap=tis_cap)
+        loss, stats = loss_and_floats(LossInputs(logprobs, at_masked(old_masked), torch.tensor([1.0, -0.5]), mask,
+                                                 ref_logprobs=at_masked(ref_masked) + 0.1 * valid,
+                                                 sampler_logprobs=at_masked(sampler_masked)),
+                                      LossSettings(beta=0.04, tis_cap=tis_cap))
         loss.backward()
         return loss, stats, logprobs.grad
 
@@ -226,8 +240,8 @@ def test_clip_higher_lets_a_ratio_of_1_25_with_positive_advantage_through(clip_h
     # rho = 1.25, A = 1: the symmetric clip (1.2) takes the gradient away; clip-higher (1.28) keeps it:
     # d(-rho A)/dlogp = -rho A = -1.25 (one token, D = 1)
     logp = torch.tensor([[math.log(1.25)]], requires_grad=True)
-    loss, stats = policy_loss(logp, torch.zeros(1, 1), torch.tensor([1.0]), torch.ones(1, 1), clip_low=0.2,
-                              clip_high=clip_high)
+    loss, stats = loss_and_floats(LossInputs(logp, torch.zeros(1, 1), torch.tensor([1.0]), torch.ones(1, 1)),
+                                  LossSettings(clip_low=0.2, clip_high=clip_high))
     loss.backward()
     assert logp.grad.item() == pytest.approx(expected_grad)
     assert stats["clip_fraction"] == (1.0 if expected_grad == 0.0 else 0.0)
@@ -238,8 +252,8 @@ def test_clip_higher_lets_a_ratio_of_1_25_with_positive_advantage_through(clip_h
 def test_sequence_ratio_is_the_geometric_mean_of_the_token_ratios():
     # token log-ratios [0.1, 0.3] (a third position masked, holding 5.0): s = exp((0.1 + 0.3) / 2) = exp(0.2)
     logp = torch.tensor([[0.1, 0.3, 5.0]])
-    loss, stats = policy_loss(logp, torch.zeros(1, 3), torch.tensor([1.0]), torch.tensor([[1, 1, 0]]),
-                              clip_high=0.3, ratio_level="sequence", aggregation="sequence_mean")
+    loss, stats = loss_and_floats(LossInputs(logp, torch.zeros(1, 3), torch.tensor([1.0]), torch.tensor([[1, 1, 0]])),
+                                  LossSettings(clip_high=0.3, ratio_level="sequence", aggregation="sequence_mean"))
     assert stats["ratio_min"] == stats["ratio_max"] == pytest.approx(math.exp(0.2))
     assert loss.item() == pytest.approx(-math.exp(0.2))  # -s A, inside [0.8, 1.3]
 
@@ -254,8 +268,9 @@ GSPO_ADV = torch.tensor([1.0, -0.5])
 @pytest.mark.parametrize("clip_high", [0.2, 0.28])
 def test_sequence_ratio_gradient_matches_hand_and_autograd_values(clip_high):
     logp = GSPO_LOGP.clone().requires_grad_(True)
-    loss, stats = policy_loss(logp, torch.zeros(2, 3), GSPO_ADV, GSPO_MASK, clip_low=0.2, clip_high=clip_high,
-                              aggregation="sequence_mean", ratio_level="sequence")
+    loss, stats = loss_and_floats(LossInputs(logp, torch.zeros(2, 3), GSPO_ADV, GSPO_MASK),
+                                  LossSettings(clip_low=0.2, clip_high=clip_high, aggregation="sequence_mean",
+                                               ratio_level="sequence"))
     loss.backward()
     # sequence_mean over B = 2 of per-token values that are equal within a row:
     # L = (1/2) sum_i -min(s_i A_i, clip(s_i) A_i); unclipped, dL/dlogp_it = -(1/2) A_i s_i / |o_i|
@@ -284,12 +299,12 @@ def test_sequence_ratio_rows_split_with_the_whole_batch_denominator_add_up(aggre
     old = torch.tensor([[0.05, -0.2, 0.0], [0.1, 0.1, -0.3]])
     kwargs = dict(aggregation=aggregation, max_tokens=3, ratio_level="sequence", clip_high=0.28)
     whole = GSPO_LOGP.clone().requires_grad_(True)
-    loss, _ = policy_loss(whole, old, GSPO_ADV, GSPO_MASK, **kwargs)
+    loss, _ = loss_and_floats(LossInputs(whole, old, GSPO_ADV, GSPO_MASK), LossSettings(**kwargs))
     loss.backward()
     denominator = loss_denominator(GSPO_MASK, aggregation, max_tokens=3)
     parts = GSPO_LOGP.clone().requires_grad_(True)
-    total = sum(policy_loss(parts[[row]], old[[row]], GSPO_ADV[[row]], GSPO_MASK[[row]],
-                            denominator=denominator, **kwargs)[0] for row in (0, 1))
+    total = sum(loss_and_floats(LossInputs(parts[[row]], old[[row]], GSPO_ADV[[row]], GSPO_MASK[[row]]),
+                                LossSettings(**kwargs), denominator=denominator)[0] for row in (0, 1))
     total.backward()
     assert total.item() == pytest.approx(loss.item(), rel=1e-6)
     torch.testing.assert_close(parts.grad, whole.grad)
@@ -297,8 +312,8 @@ def test_sequence_ratio_rows_split_with_the_whole_batch_denominator_add_up(aggre
 
 def test_sequence_ratio_refuses_a_per_token_tis_cap():
     with pytest.raises(ValueError, match="sequence"):
-        policy_loss(TIS_OLD, TIS_OLD, torch.tensor([1.0]), TIS_MASK, sampler_logprobs=TIS_SAMPLER, tis_cap=2.0,
-                    ratio_level="sequence")
+        loss_and_floats(LossInputs(TIS_OLD, TIS_OLD, torch.tensor([1.0]), TIS_MASK, sampler_logprobs=TIS_SAMPLER),
+                        LossSettings(tis_cap=2.0, ratio_level="sequence"))
 
 
 # ---------------------------------------------------------------- the log-ratio clamp, [-20, 20]
@@ -314,7 +329,8 @@ def test_a_log_ratio_inside_the_bounds_gives_the_unclamped_value_and_gradient(ra
     sequence: s = exp((3 + 1) / 2) = e^2 on both tokens, loss = e^2, d loss / d logp_t = s / 2."""
     old = torch.zeros(1, 2, dtype=torch.float64)
     logp = torch.tensor([[3.0, 1.0]], dtype=torch.float64, requires_grad=True)
-    loss, stats = policy_loss(logp, old, torch.tensor([-1.0]), torch.ones(1, 2), ratio_level=ratio_level)
+    loss, stats = loss_and_floats(LossInputs(logp, old, torch.tensor([-1.0]), torch.ones(1, 2)),
+                                  LossSettings(ratio_level=ratio_level))
     loss.backward()
     if ratio_level == "token":
         assert loss.item() == pytest.approx((math.exp(3) + math.exp(1)) / 2, rel=1e-12)
@@ -334,7 +350,8 @@ def test_a_log_ratio_beyond_the_bounds_gives_a_finite_loss_at_the_bound(ratio_le
     old = torch.tensor([[0.0, 0.0], [0.0, 0.0]])
     logp = torch.tensor([[100.0, 100.0], [-100.0, -100.0]], requires_grad=True)
     assert torch.isinf(torch.exp(logp - old)).any()  # what an unclamped ratio would be
-    loss, stats = policy_loss(logp, old, torch.tensor([-1.0, 1.0]), torch.ones(2, 2), ratio_level=ratio_level)
+    loss, stats = loss_and_floats(LossInputs(logp, old, torch.tensor([-1.0, 1.0]), torch.ones(2, 2)),
+                                  LossSettings(ratio_level=ratio_level))
     loss.backward()
     assert LOG_RATIO_BOUND == 20.0
     assert torch.isfinite(loss) and loss.item() == pytest.approx((2 * E20 - 2 * math.exp(-20)) / 4, rel=1e-6)
@@ -353,8 +370,8 @@ def test_k3_clamps_its_log_ratio_too():
     assert logp.grad.tolist() == pytest.approx([1 - math.exp(2), 0.0], rel=1e-12)
     far = kl_k3(torch.tensor([-100.0]), torch.tensor([0.0]))  # float32
     assert torch.isfinite(far) and far.item() == pytest.approx(E20 - 21, rel=1e-6)
-    loss, stats = policy_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.tensor([0.0]), torch.ones(1, 1),
-                              ref_logprobs=torch.tensor([[100.0]]), beta=0.5)
+    loss, stats = loss_and_floats(LossInputs(torch.zeros(1, 1), torch.zeros(1, 1), torch.tensor([0.0]), torch.ones(1, 1),
+                                             ref_logprobs=torch.tensor([[100.0]])), LossSettings(beta=0.5))
     assert loss.item() == pytest.approx(0.5 * (E20 - 21), rel=1e-6) and stats["kl"] == pytest.approx(E20 - 21, rel=1e-6)
 
 
@@ -375,7 +392,7 @@ def test_statistics_stay_tensors_and_match_the_selected_tokens():
     logp, old = torch.randn(3, 5) * 0.3, torch.randn(3, 5) * 0.3
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [0, 1, 1, 0, 0]])
     adv, ref = torch.tensor([1.0, -1.0, 0.5]), torch.randn(3, 5) * 0.3
-    _, stats = policy_loss_terms(logp, old, adv, mask, ref_logprobs=ref, beta=0.1)
+    _, stats = policy_loss_terms(LossInputs(logp, old, adv, mask, ref_logprobs=ref), LossSettings(beta=0.1))
     assert all(isinstance(v, torch.Tensor) and v.dim() == 0 for v in stats.values())
     valid = mask.bool()
     ratios = torch.exp(logp - old)[valid]
@@ -386,8 +403,6 @@ def test_statistics_stay_tensors_and_match_the_selected_tokens():
     assert stats["ratio_mean"].item() == pytest.approx(ratios.mean().item(), rel=1e-6)
     assert stats["clip_fraction"].item() == pytest.approx(clipped.float().mean().item())
     assert stats["kl"].item() == pytest.approx(kl_k3(logp, ref)[valid].mean().item(), rel=1e-6)
-    _, floats = policy_loss(logp, old, adv, mask, ref_logprobs=ref, beta=0.1)
-    assert floats == {key: value.item() for key, value in stats.items()}
-    _, empty = policy_loss(logp, old, adv, torch.zeros(3, 5))
+    _, empty = loss_and_floats(LossInputs(logp, old, adv, torch.zeros(3, 5)))
     assert {k: empty[k] for k in ("clip_fraction", "kl", "ratio_min", "ratio_mean", "ratio_max")} == {
         "clip_fraction": 0.0, "kl": 0.0, "ratio_min": 1.0, "ratio_mean": 1.0, "ratio_max": 1.0}

@@ -231,8 +231,8 @@ def test_bfloat16_micro_batches_accumulate_the_whole_batch_update(groups, monkey
     assert whole.abs().max() > 0
     assert error(update("learner.micro_batch_size=3"), whole) < 0.02
     policy_loss = grpo.policy_loss_terms  # what the learner calls
-    monkeypatch.setattr(grpo, "policy_loss_terms", lambda *args, denominator, **kwargs:
-                        policy_loss(*args, **kwargs))  # without the whole batch's D: the micro-batch's own
+    monkeypatch.setattr(grpo, "policy_loss_terms", lambda inputs, settings, denominator:
+                        policy_loss(inputs, settings))  # without the whole batch's D: the micro-batch's own
     assert error(update("learner.micro_batch_size=3"), whole) > 1.0
 
 

@@ -216,7 +216,7 @@ def test_fsdp_ranks_broadcast_bucket_by_bucket_over_the_weight_group(ray_cluster
     trainer.start(lambda _, learner, rollouts: NcclSync(learner, rollouts, timeout_s=120, bucket_bytes=256 << 10,
                                                         backend="gloo"))
     try:
-        assert len(trainer.sync.plan) > 1
+        assert len(trainer.transport.plan) > 1
         trainer.verify_weights()
         learner = trainer.actors.learner
         before = ray.get(learner.checksum.remote())

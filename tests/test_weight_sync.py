@@ -104,8 +104,8 @@ def trainer(request, ray_cluster, tmp_path_factory):
 
 
 def test_the_group_has_the_learner_and_every_engine_worker(trainer):
-    assert trainer.sync.world_size == 1 + len(trainer.actors.rollouts) == 3
-    assert len(trainer.sync.plan) > 1  # small buckets: several broadcasts per version
+    assert trainer.transport.world_size == 1 + len(trainer.actors.rollouts) == 3
+    assert len(trainer.transport.plan) > 1  # small buckets: several broadcasts per version
     trainer.verify_weights()
 
 
@@ -127,7 +127,7 @@ def test_a_stale_worker_is_caught_and_the_next_broadcast_repairs_it(trainer):
     ray.get(trainer.actors.rollouts[0].load_weights.remote(stale, trainer.version))
     with pytest.raises(WeightSyncError, match=r"\[0\]"):
         trainer.verify_weights()
-    trainer.sync.push(trainer.version)  # the same version again, over the weight group (as a resume does)
+    trainer.transport.push(trainer.version)  # the same version again, over the weight group (as a resume does)
     trainer.verify_weights()
 
 
@@ -148,7 +148,7 @@ def test_a_restarted_worker_rejoins_the_weight_group_formed_again(trainer):
     step = trainer.version + 1
     metrics = [trainer.step(step), trainer.step(step + 1)]
     assert sum(m["rollout/restarts"] for m in metrics) == 1  # (the step whose batch it lost counts it)
-    assert trainer.sync.regroups >= 1 and ray.get(worker.__ray_call__.remote(lambda _: os.getpid())) != pid
+    assert trainer.transport.regroups >= 1 and ray.get(worker.__ray_call__.remote(lambda _: os.getpid())) != pid
     assert all(m["weights/verified_version"] >= s - 1 for m, s in zip(metrics, (step, step + 1)))
     trainer.verify_weights()  # every engine, the restarted one too, serves the learner's weights
     assert [ray.get(w.policy_version.remote()) for w in trainer.actors.rollouts] == [step + 1] * 2

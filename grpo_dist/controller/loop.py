@@ -14,16 +14,15 @@ so batch t is sampled by version t - k - 1 (0 for the first k + 1 batches) and t
 version t - 1: never more than k versions old. The driver holds references and metrics; the
 actors do the generation, scoring and training.
 
-Checkpoints and failures (docs/checkpoints.md). After step t is complete (trained, its
-metrics logged) the controller saves a checkpoint (checkpoint.py) every
-`trainer.checkpoint_every` steps, after the last step, on an early stop, and when SIGINT or
-SIGTERM asks it to stop (signals.py); the learner is idle then, so its share is that of step
-t. A resumed run restores the data cursor and the batches drawn but not trained (when the Trainer
-is made), then the learner's state, and pushes the checkpoint's weights to every engine,
-verified, before anything is generated. Rollout and reward actors
-whose process dies are restarted by Ray and caught up by the Supervisor (recovery.py); a
-learner that dies ends the run (LearnerLost). Every wait is bounded (trainer.call_timeout_s,
-trainer.weight_sync_timeout_s).
+Checkpoints and failures (docs/checkpoints.md). After step t is complete (trained, its metrics
+logged) the controller saves a checkpoint (checkpoints.py) every `trainer.checkpoint_every` steps,
+after the last step, on an early stop, and when SIGINT or SIGTERM asks it to stop (signals.py);
+the learner is idle then, so its share is that of step t. A resumed run restores the data cursor
+and the batches drawn but not trained (when the Trainer is made), then the learner's state, and
+pushes the checkpoint's weights to every engine, verified, before anything is generated. Rollout
+and reward actors whose process dies are restarted by Ray and caught up by the Supervisor
+(recovery.py); a learner that dies ends the run (LearnerLost). Every wait is bounded
+(trainer.call_timeout_s, trainer.weight_sync_timeout_s).
 
 With algo.dynamic_sampling, collecting batch t may add rounds of prompts until it holds
 prompts_per_step informative groups (dynamic.py); they are sampled by the newest version pushed.
@@ -87,9 +86,8 @@ class Trainer:
         `actors`: created by launch while the data were read (`Actors.create`); else by `start`.
         `resume`: the checkpoint to continue from; its data cursor is restored here (CheckpointError
         when this run's data differ). `timeline`: the run's start and end (launch's, from the command)."""
-        self.config = config
+        self.config, self.run_dir = config, run_dir
         self.timeline = timeline or Timeline()
-        self.run_dir = run_dir
         data = data if data is not None else prepare_data(config)
         self.train_prompts, self.eval_prompts = data.train, data.eval
         self.cursor = PromptCursor(self.train_prompts, config.trainer.seed)
@@ -107,8 +105,8 @@ class Trainer:
             self.start_counters.update(resume.state.counters)
         self.first_step = 1 if resume is None else resume.state.step + 1
         self.actors = actors
-        self.sync: WeightSync | None = None
-        self.learner: LearnerWatch | None = None
+        self.transport: WeightSync | None = None
+        self.learner_watch: LearnerWatch | None = None
         self.weights: WeightPublisher | None = None
         self.supervisor: Supervisor | None = None
         self.pipeline: RolloutPipeline | None = None
@@ -142,15 +140,15 @@ class Trainer:
         self.timeline.details["actor_ready_s"] = self.actors.ready_s
         try:
             with self.timeline.phase("weight_sync_setup"):
-                self.sync = weight_sync(config, self.actors.learner, self.actors.rollouts)
-                self.sync.setup()
+                self.transport = weight_sync(config, self.actors.learner, self.actors.rollouts)
+                self.transport.setup()
         except BaseException:
             self.stop()
             raise
-        self.learner = LearnerWatch(self.actors.learner, trainer.call_timeout_s)
-        self.weights = WeightPublisher(self.sync, self.learner, self.actors.rollouts, verify=trainer.verify_weight_sync,
+        watch = self.learner_watch = LearnerWatch(self.actors.learner, trainer.call_timeout_s)
+        self.weights = WeightPublisher(self.transport, watch, self.actors.rollouts, verify=trainer.verify_weight_sync,
                                        timeout_s=trainer.call_timeout_s, version=self.start_version)
-        self.supervisor = Supervisor({"rollout": self.actors.rollouts, "reward": self.actors.rewards}, self.learner,
+        self.supervisor = Supervisor({"rollout": self.actors.rollouts, "reward": self.actors.rewards}, watch,
                                      self.weights, max_restarts=config.cluster.max_restarts,
                                      start_timeout_s=config.cluster.actor_start_timeout_s,
                                      counters=self.start_counters)
@@ -163,8 +161,8 @@ class Trainer:
         self.feed = LearnerFeed(self.actors.learner, overlap=resolve_overlap(config))
 
     def stop(self) -> None:
-        if self.sync is not None:
-            self.sync.close()
+        if self.transport is not None:
+            self.transport.close()
         if self.actors is not None:
             self.actors.stop()
 
@@ -207,7 +205,7 @@ class Trainer:
                 self.report = write_report_beside(self.run_dir, drawing)  # metrics.jsonl is complete
                 if self.stop_signal is None and self.config.trainer.save_final:
                     with timeline.phase("save_final"):
-                        self.learner.call(self.actors.learner.save.remote(str(self.run_dir / "final")), "save")
+                        self.learner_watch.call(self.actors.learner.save.remote(str(self.run_dir / "final")), "save")
             finally:
                 with timeline.phase("close_logs"):
                     log.close()
@@ -215,9 +213,12 @@ class Trainer:
                     self.stop()
         if wait_report:
             self.wait_report()
+        return self._write_summary(before, after, steps, engines, started)
+
+    def _write_summary(self, before: float, after: float, steps: int, engines: list[str], started: float) -> dict:
+        """summary.json: the accuracy before and after, what ran, its restarts, and where its results are."""
         summary = {
-            "eval_accuracy_before": before,
-            "eval_accuracy_after": after,
+            "eval_accuracy_before": before, "eval_accuracy_after": after,
             "eval_rows": len(self.eval_prompts),
             "eval_accuracy_stderr_after": standard_error(after, len(self.eval_prompts)) if self.eval_prompts else None,
             "steps": steps,
@@ -229,10 +230,9 @@ class Trainer:
             "checkpoint": None if self.saved is None else str(self.saved[1]),
             "wall_seconds": round(time.time() - started, 1),
             "run_dir": str(self.run_dir),
+            **({} if self.stop_signal is None else {"stopped_by": signal.Signals(self.stop_signal).name}),
+            "timeline": self.timeline.summary(),
         }
-        if self.stop_signal is not None:
-            summary["stopped_by"] = signal.Signals(self.stop_signal).name
-        summary["timeline"] = timeline.summary()
         write_json_atomic(self.run_dir / "summary.json", summary)
         return summary
 
@@ -305,7 +305,7 @@ class Trainer:
         """One GRPO step: hand batch `step` to the learner, push the new weights, submit the
         batch `max_staleness + 1` steps ahead; returns the step's metrics."""
         assert self.pipeline is not None and self.actors is not None
-        self.learner.step = step
+        self.learner_watch.step = step
         self.step_clock = self.step_clock or time.perf_counter()
         counted = {name: self.counters[name] for name in RESTART_COUNTERS}
         self.supervisor.catch_up()
@@ -320,7 +320,7 @@ class Trainer:
             result = self.feed.train(scored)
             self.weights.publish(self.version + 1)
         self.fill(step + self.max_staleness + 1)
-        learner_metrics = (self.learner.call(result, "train_step") if result is not None
+        learner_metrics = (self.learner_watch.call(result, "train_step") if result is not None
                            else {"policy/version": float(self.version), "time/learn_s": 0.0})
         now = time.perf_counter()
         step_s, self.step_clock = now - self.step_clock, now
@@ -379,14 +379,14 @@ class Trainer:
                              in_flight=[{"cursor": drawn_at, "prompts": [p.index for p in prompts]}
                                         for drawn_at, prompts in self.drawn_not_trained()])
         path = save_checkpoint(self.run_dir, state, self.config,
-                               lambda folder: self.learner.call(learner.save_state.remote(str(folder)), "save_state"),
+                               lambda folder: self.learner_watch.call(learner.save_state.remote(str(folder)), "save_state"),
                                keep=self.config.trainer.keep_checkpoints)
         self.saved = (step, path)
 
     def check_shared_storage(self) -> None:
         """RunFailed before step 1 when the learner's checkpoint files would not reach RUN_DIR."""
         try:
-            check_shared_storage(self.run_dir, lambda path, text: self.learner.call(
+            check_shared_storage(self.run_dir, lambda path, text: self.learner_watch.call(
                 self.actors.learner.write_probe.remote(str(path), text), "write_probe"))
         except CheckpointError as exc:
             raise RunFailed(str(exc)) from None
@@ -398,7 +398,7 @@ class Trainer:
     def restore_learner(self) -> None:
         """A resume: the learner continues from the checkpoint, and every engine serves its
         weights (verified, whatever trainer.verify_weight_sync says) before anything is generated."""
-        version = self.learner.call(self.actors.learner.load_state.remote(str(self.resume.path)), "load_state")
+        version = self.learner_watch.call(self.actors.learner.load_state.remote(str(self.resume.path)), "load_state")
         if version != self.version:
             raise RunFailed(f"{self.resume.path}: the learner's state is policy version {version}, "
                             f"trainer_state.json says {self.version}")

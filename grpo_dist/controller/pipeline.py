@@ -56,7 +56,7 @@ from grpo_dist.waits import ActorLost, CallTimeout, ObjectLost, fetch_each, firs
 T = TypeVar("T")
 
 
-def split(items: list[T], parts: int) -> list[list[T]]:
+def contiguous_shares(items: list[T], parts: int) -> list[list[T]]:
     """Contiguous, nearly equal chunks (some may be empty when items < parts)."""
     size, extra = divmod(len(items), parts)
     chunks, start = [], 0
@@ -157,7 +157,7 @@ class RolloutPipeline:
         first, first_chunk = (after.end, after.chunks[-1].index + 1) if after else (0, 0)
         seeds = [prompt_seed(self.seed, step, first + position) for position in range(len(prompts))]
         plan = [(round_, worker, share[start : start + size])
-                for worker, share in enumerate(split(list(range(len(prompts))), len(self.rollouts)))
+                for worker, share in enumerate(contiguous_shares(list(range(len(prompts))), len(self.rollouts)))
                 for round_, start in enumerate(range(0, len(share), size))]
         chunks = [Chunk(step, first_chunk + index, [prompts[p] for p in positions], [seeds[p] for p in positions],
                         sampling, reward=0, version=version)

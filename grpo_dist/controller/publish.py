@@ -36,11 +36,11 @@ class PendingCheck:
 class WeightPublisher:
     """Sends the learner's weights to the rollout workers and checks what they serve."""
 
-    def __init__(self, sync: WeightSync, learner: LearnerWatch, rollouts: list[Any], *, verify: bool,
+    def __init__(self, transport: WeightSync, learner_watch: LearnerWatch, rollouts: list[Any], *, verify: bool,
                  timeout_s: float, version: int = 0) -> None:
         """`version`: the policy version the learner holds now (a resumed run's); `timeout_s`
         bounds each wait on a worker (trainer.call_timeout_s)."""
-        self.sync, self.learner, self.rollouts = sync, learner, rollouts
+        self.transport, self.learner_watch, self.rollouts = transport, learner_watch, rollouts
         self.verify, self.timeout_s = verify, timeout_s
         self.version = version  # the latest version pushed (the learner's)
         self.pushes = 0  # pushes so far, regular and repairs: the serial number of the latest
@@ -51,20 +51,20 @@ class WeightPublisher:
     def publish(self, version: int) -> None:
         """Queue the learner's weights as `version` on every engine, without waiting."""
         self.version = version
-        served = self.sync.submit(version)
+        served = self.transport.submit(version)
         self.pushes += 1
         if self.verify:
             self.pending.append(PendingCheck(version, self.pushes, dict(enumerate(served)),
-                                             self.learner.actor.checksum.remote()))
+                                             self.learner_watch.actor.checksum.remote()))
 
     def repair(self, index: int) -> None:
         """Queue the current weights on rollout worker `index` (restarted; a broadcast transport
         sends them to every worker); always verified."""
-        served = self.sync.repair([index], self.version)
+        served = self.transport.repair([index], self.version)
         self.pushes += 1
         for worker in served:
             self.repaired[worker] = self.pushes
-        expected = self.learner.actor.checksum.remote()
+        expected = self.learner_watch.actor.checksum.remote()
         self.pending.append(PendingCheck(self.version, self.pushes, served, expected))
 
     def verify_through(self, version: int) -> tuple[list[int], dict[int, str]]:
@@ -78,7 +78,7 @@ class WeightPublisher:
         hung: dict[int, str] = {}
         while self.pending and self.pending[0].version <= version:
             check = self.pending.popleft()
-            expected = self.learner.call(check.expected, "checksum")
+            expected = self.learner_watch.call(check.expected, "checksum")
             workers = [index for index in check.served if index not in hung]  # (each waited for once)
             names = [f"rollout worker {index}: load weights version {check.version}" for index in workers]
             values = fetch_each([check.served[index] for index in workers], names, self.timeout_s, late_ok=True,
@@ -107,7 +107,7 @@ class WeightPublisher:
         a rollout worker's load waits for, is not done within `timeout_s`: then a late rollout call
         is the frozen learner's doing, and killing the worker would not help (its restart waits on
         the same learner). A broadcast has no export of its own to wait on: nothing to check."""
-        exported = self.sync.export_in_flight()
+        exported = self.transport.export_in_flight()
         if exported is not None:
             ready, _ = ray.wait([exported], timeout=self.timeout_s, fetch_local=False)
             if not ready:
@@ -117,14 +117,14 @@ class WeightPublisher:
         """Send `version` to every engine and wait until each serves it, verified whatever
         trainer.verify_weight_sync says (a resume)."""
         self.version = version
-        self.sync.push(version)
+        self.transport.push(version)
         self.verify_all()
 
     def verify_all(self) -> None:
         """Every engine serves the learner's weights now (WeightSyncError names those that do not)."""
         served = fetch([w.checksum.remote() for w in self.rollouts],
                        [f"rollout worker {i}: checksum" for i in range(len(self.rollouts))], self.timeout_s)
-        [expected] = fetch([self.learner.actor.checksum.remote()], ["learner: checksum"], self.timeout_s)
+        [expected] = fetch([self.learner_watch.actor.checksum.remote()], ["learner: checksum"], self.timeout_s)
         stale = [index for index, checksum in enumerate(served) if checksum != expected]
         if stale:
             raise WeightSyncError(f"rollout workers {stale} do not serve the learner's weights "

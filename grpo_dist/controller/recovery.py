@@ -49,9 +49,9 @@ RESTART_COUNTERS = ("rollout/restarts", "rollout/retries", "rollout/hangs",
 class Supervisor:
     """Keeps the rollout and reward actors serving, and counts what it took (see the module docstring)."""
 
-    def __init__(self, actors: dict[str, list[Any]], learner: LearnerWatch, weights: WeightPublisher, *,
+    def __init__(self, actors: dict[str, list[Any]], learner_watch: LearnerWatch, weights: WeightPublisher, *,
                  max_restarts: int, start_timeout_s: float, counters: dict[str, float] | None = None) -> None:
-        self.actors, self.learner, self.weights = actors, learner, weights
+        self.actors, self.learner_watch, self.weights = actors, learner_watch, weights
         self.max_restarts, self.start_timeout_s = max_restarts, start_timeout_s
         self.max_retries = max_restarts + 1  # attempts of one chunk beyond its first
         self.counters = {name: 0.0 for name in RESTART_COUNTERS} | (counters or {})
@@ -61,7 +61,7 @@ class Supervisor:
         """An actor lost a call or sampled with the wrong weights: wait until Ray has it back,
         count the restart (ActorGone once Ray gave up), give a rollout worker the current weights
         (queued before anything sent to it after this); returns the version it will serve."""
-        self.learner.check_alive()
+        self.learner_watch.check_alive()
         self.wait_alive(role, index)
         self.check(role, index)
         if role == "rollout":
@@ -90,7 +90,7 @@ class Supervisor:
         count it in `<role>/hangs`, and wait until Ray has begun the restart (so that `revive`
         waits for the new process, not the old one). ActorGone when Ray will not restart it; the
         learner's CallTimeout when the weights a rollout worker waits for never left the learner."""
-        self.learner.check_alive()
+        self.learner_watch.check_alive()
         if role == "rollout":
             self.weights.check_learner_exported()
         handle = self.actors[role][index]

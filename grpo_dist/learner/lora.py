@@ -66,7 +66,7 @@ class LoraWeights:
     def collect_grads(self) -> None:
         """Nothing to move: the adapters are float32, their gradients are the master gradients."""
 
-    def publish(self) -> None:
+    def update_compute_copies(self) -> None:
         """Nothing to round: the forward pass reads the float32 adapters themselves."""
 
     @torch.no_grad()

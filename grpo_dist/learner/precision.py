@@ -42,7 +42,7 @@ class PolicyWeights(Protocol):
 
     def zero_grad(self) -> None: ...
     def collect_grads(self) -> None: ...
-    def publish(self) -> None: ...
+    def update_compute_copies(self) -> None: ...
     def served_state_dict(self) -> dict[str, torch.Tensor]: ...
     def state_dict(self) -> dict[str, torch.Tensor]: ...
     def save(self, directory: Path) -> None: ...
@@ -87,7 +87,7 @@ class MasterWeights:
             compute.grad = None
 
     @torch.no_grad()
-    def publish(self) -> None:
+    def update_compute_copies(self) -> None:
         """After an optimizer step: round the masters into the compute copies."""
         if self.separate:
             for compute, master in self._pairs:
@@ -110,7 +110,7 @@ class MasterWeights:
         names = {id(param): name for name, param in self.model.named_parameters()}
         for compute, master in self._pairs:
             master.copy_(state[names[id(compute)]])
-        self.publish()
+        self.update_compute_copies()
 
     def save(self, directory: Path) -> None:
         """The policy in Hugging Face format, holding the float32 masters."""

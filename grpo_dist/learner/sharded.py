@@ -100,7 +100,7 @@ class ShardedWeights:
     def collect_grads(self) -> None:
         """Nothing to move: backward left float32 gradients in the masters' shards."""
 
-    def publish(self) -> None:
+    def update_compute_copies(self) -> None:
         """Nothing to round: each forward casts the gathered masters to model.dtype."""
 
     # ------------------------------------------------------------ the served weights, bucket by bucket

@@ -1,7 +1,7 @@
 """Learner: the trainable policy, the frozen reference, AdamW, and one GRPO update per step.
 
 One `train_step` reads top to bottom like CleanRL's update: batch -> pi_ref and pi_old ->
-for each pass and minibatch: this rank's micro-batches -> logprobs -> grpo.policy_loss ->
+for each pass and minibatch: this rank's micro-batches -> logprobs -> grpo.policy_loss_terms ->
 backward (gradients accumulate) -> sum over ranks -> clip -> AdamW step; then the learning
 rate's schedule steps. The pieces live beside it: batch.py (groups to tensors,
 micro-batches), logprobs.py, precision.py (float32 masters), lora.py (LoRA adapters),
@@ -51,7 +51,10 @@ class Learner:
         torch.manual_seed(seed)
         torch.set_num_threads(learner.threads)
         self.device = "cuda" if learner.num_gpus > 0 and torch.cuda.is_available() else "cpu"
-        self.algo, self.learner, self.rollout = algo, learner, rollout
+        self.algo, self.learner_config, self.rollout = algo, learner, rollout
+        self.loss_settings = grpo.LossSettings(
+            clip_low=algo.clip_low, clip_high=algo.clip_high, beta=algo.beta, aggregation=algo.aggregation,
+            max_tokens=rollout.max_new_tokens, tis_cap=algo.tis_cap, ratio_level=algo.ratio_level)
         self.tokenizer = load_tokenizer(model.path)
         self.dtype, self.total_steps = DTYPES[model.dtype], total_steps
         # fsdp: a float32 policy (LoRA: a float32 base) in host memory, sharded in join_ranks, which
@@ -76,7 +79,7 @@ class Learner:
 
     def _reference(self, model: ModelConfig) -> Callable[..., Any]:
         """pi_ref: model.path's weights in model.dtype, frozen; with LoRA the base, adapter off (no copy)."""
-        if self.learner.lora is not None:
+        if self.learner_config.lora is not None:
             from grpo_dist.learner.lora import BasePolicy
 
             return BasePolicy(self.policy)
@@ -216,8 +219,8 @@ class Learner:
         """Forward and backward of this rank's share of `rows`, micro-batch by micro-batch, each loss
         divided by `denominator`; the gradients add up in the float32 masters."""
         for micro_rows in self.ranks.pad(batch.micro_batches(self.ranks.shard(rows, batch.lengths),
-                                                             self.learner.micro_batch_size,
-                                                             self.learner.max_tokens_per_micro_batch)):
+                                                             self.learner_config.micro_batch_size,
+                                                             self.learner_config.max_tokens_per_micro_batch)):
             if micro_rows is None:  # fsdp: an empty micro-batch, so that every rank runs the same collectives
                 micro = batch.select(rows[:1]).to(self.device)
                 logprobs, _ = token_logprobs(self.policy, micro.input_ids, micro.attention_mask, self.rollout.temperature)
@@ -230,22 +233,9 @@ class Learner:
             if fill_old:
                 micro.old_logprobs = torch.where(micro.mask.bool(), logprobs.detach(), 0.0)
                 batch.old_logprobs[micro_rows, : logprobs.shape[1]] = micro.old_logprobs.cpu()
-            loss, micro_stats = grpo.policy_loss_terms(
-                logprobs,
-                micro.old_logprobs,
-                micro.advantages,
-                micro.mask,
-                ref_logprobs=micro.ref_logprobs,
-                beta=self.algo.beta,
-                clip_low=self.algo.clip_low,
-                clip_high=self.algo.clip_high,
-                aggregation=self.algo.aggregation,
-                max_tokens=self.rollout.max_new_tokens,
-                sampler_logprobs=micro.sampler_logprobs,
-                tis_cap=self.algo.tis_cap,
-                denominator=denominator,
-                ratio_level=self.algo.ratio_level,
-            )
+            inputs = grpo.LossInputs(logprobs, micro.old_logprobs, micro.advantages, micro.mask,
+                                     ref_logprobs=micro.ref_logprobs, sampler_logprobs=micro.sampler_logprobs)
+            loss, micro_stats = grpo.policy_loss_terms(inputs, self.loss_settings, denominator)
             loss.backward()
             self.weights.collect_grads()  # into the float32 master gradients
             stats.add_micro_batch(loss.detach(), micro_stats, entropy, micro.mask)
@@ -261,7 +251,7 @@ class Learner:
             self.skipped_steps += 1
         else:
             self.optimizer.step()
-            self.weights.publish()  # masters -> compute copies
+            self.weights.update_compute_copies()  # masters -> compute copies
             self.optimizer_steps += 1
         stats.end_update(grad_norm, skipped)
 
@@ -273,8 +263,8 @@ class Learner:
     def _logprobs(self, model: Callable[..., Any], batch: TrainBatch, rows: torch.Tensor | None = None) -> torch.Tensor:
         """A no-grad pass over `rows` (all by default), micro-batched like the grad pass; 0 elsewhere."""
         rows = torch.arange(len(batch)) if rows is None else rows
-        micro_batches = self.ranks.pad(batch.micro_batches(rows, self.learner.micro_batch_size,
-                                                           self.learner.max_tokens_per_micro_batch))
+        micro_batches = self.ranks.pad(batch.micro_batches(rows, self.learner_config.micro_batch_size,
+                                                           self.learner_config.max_tokens_per_micro_batch))
         return batch_logprobs(model, batch, micro_batches, self.rollout.temperature, self.device, self.share_prompts)
 
     def _shared_logprobs(self, model: Callable[..., Any], batch: TrainBatch) -> torch.Tensor:
@@ -365,18 +355,18 @@ class Learner:
         the policy (and reference) are sharded instead, and AdamW is built on the shards: every rank
         loaded the same model.path with the same seed (LoRA's initial adapters), so the shards fit
         together (tested: the group's first checksum is one learner's)."""
-        if self.learner.sharding == "none":
+        if self.learner_config.sharding == "none":
             self.ranks = DataParallel.join(host, port, rank, world_size, self.device,
-                                            self.learner.collective_timeout_s)
+                                            self.learner_config.collective_timeout_s)
             self.ranks.broadcast(self.weights.params)
-            self.weights.publish()
+            self.weights.update_compute_copies()
         else:
             self.ranks = ShardedRanks.join(host, port, rank, world_size, self.device,
-                                            self.learner.collective_timeout_s)
-            self.weights = ShardedWeights(self.policy, self.dtype, self.learner.offload,
+                                            self.learner_config.collective_timeout_s)
+            self.weights = ShardedWeights(self.policy, self.dtype, self.learner_config.offload,
                                           getattr(self.weights, "layers", None))
             if isinstance(self.reference, torch.nn.Module):  # LoRA's reference is the policy itself
-                shard(self.reference, None, self.learner.offload, inference=True)
+                shard(self.reference, None, self.learner_config.offload, inference=True)
             self.optimizer = torch.optim.AdamW(self.weights.params, lr=self.algo.lr,
                                                weight_decay=self.algo.weight_decay)
             self.scheduler = make_scheduler(self.optimizer, self.algo, self.total_steps)

@@ -1,4 +1,5 @@
-"""The interface every generation backend implements (transformers, vLLM)."""
+"""The interface every generation backend implements (transformers, vLLM): sampling, and the
+two ways new weights arrive (a state dict through the object store, buckets over a weight group)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Protocol
 import torch
 
 from grpo_dist.types import Completion, SamplingSettings
+from grpo_dist.weights.buckets import Bucket
 
 
 class GenerationEngine(Protocol):
@@ -24,6 +26,20 @@ class GenerationEngine(Protocol):
 
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Replace the served weights with `state_dict` (Hugging Face parameter names)."""
+        ...
+
+    def join_weight_group(self, host: str, port: int, rank_offset: int, world_size: int, timeout_s: float,
+                          backend: str = "nccl") -> None:
+        """Join the learner's weight group (weights/nccl.py: nccl on a GPU, gloo the CPU stand-in);
+        this engine's worker w is rank `rank_offset + w` of `world_size`."""
+        ...
+
+    def receive_weights(self, buckets: list[Bucket], timeout_s: float | None = None) -> None:
+        """Take the version the learner broadcasts over the weight group, bucket by bucket, in place."""
+        ...
+
+    def leave_weight_group(self) -> None:
+        """Drop this engine's end of the weight group (before a new one is formed)."""
         ...
 
     def state_dict(self) -> dict[str, torch.Tensor]:

@@ -6,6 +6,7 @@ import torch
 
 from grpo_dist.distinct import distinct_rows
 from grpo_dist.models import load_causal_lm, load_tokenizer
+from grpo_dist.rollout.engine import GenerationEngine
 from grpo_dist.rollout.sampling import StopStrings, draw, regroup, requests, sampled_logprobs, stop_token_ids
 from grpo_dist.types import Completion, SamplingSettings
 from grpo_dist.weights import nccl
@@ -13,7 +14,7 @@ from grpo_dist.weights.buckets import Bucket
 from grpo_dist.weights.checksum import state_checksum
 
 
-class HFEngine:
+class HFEngine(GenerationEngine):
     """Batched sampling with a KV-cached forward loop of its own, returning the sampler's logprobs.
 
     Each completion draws from its own torch.Generator, seeded by

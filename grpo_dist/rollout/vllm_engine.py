@@ -20,6 +20,7 @@ from vllm.inputs import TokensPrompt
 from vllm.outputs import CompletionOutput
 from vllm.platforms import current_platform
 
+from grpo_dist.rollout.engine import GenerationEngine
 from grpo_dist.rollout.sampling import check_seeds, regroup, stop_token_ids
 from grpo_dist.types import Completion, SamplingSettings
 from grpo_dist.weights.buckets import Bucket
@@ -28,7 +29,7 @@ EXTENSION_CLS = "grpo_dist.rollout.vllm_extension.GRPOWorkerExtension"
 GIB = 1 << 30
 
 
-class VLLMEngine:
+class VLLMEngine(GenerationEngine):
     """One vLLM `LLM` that samples GRPO groups and takes new weights in place."""
 
     def __init__(
