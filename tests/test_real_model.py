@@ -8,6 +8,7 @@ the training batch's mask with one built by hand from the engine's completion le
 import gc
 
 import pytest
+import torch
 
 from conftest import ENGINES
 from grpo_dist.config import DataConfig
@@ -61,7 +62,10 @@ def test_chat_prompts_are_the_templates_ids_with_its_default_system_message(toke
 
 @pytest.fixture(params=ENGINES)
 def engine(request, real_model):
-    """One engine at a time: vLLM in process holds one."""
+    """One engine at a time (vLLM in process holds one); one torch thread, as rollout.threads=1 gives
+    a worker: on a busy 2-core machine two threads made one short generation 10-20 times slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     if request.param == "vllm":
         from grpo_dist.rollout.vllm_engine import VLLMEngine
 
@@ -73,6 +77,7 @@ def engine(request, real_model):
     yield made
     del made
     gc.collect()
+    torch.set_num_threads(threads)
 
 
 def test_generation_stops_at_im_end_which_trains_while_the_padding_after_it_does_not(engine, tokenizer):
