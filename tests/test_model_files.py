@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from grpo_dist.config import ConfigError
+from grpo_dist.eval import resolve_checkpoint
 from grpo_dist.launch import parse_args, plan_run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,6 +42,8 @@ def test_a_folder_without_a_tokenizer(folder):
         (folder / name).unlink()
     with pytest.raises(ConfigError, match=f"model.path {folder}: no tokenizer"):
         plan(f"model.path={folder}")
+    with pytest.raises(ConfigError, match=f"model.path {folder}: no tokenizer"):  # grpo_dist.eval's door
+        resolve_checkpoint(str(folder), [], [])
 
 
 def test_a_tokenizer_longer_than_the_models_embedding(folder):
