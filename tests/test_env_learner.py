@@ -71,4 +71,6 @@ def test_environment_tokens_reach_no_loss_and_no_statistic():
     assert metrics["policy/entropy"] == pytest.approx(sum(entropies) / len(entropies), abs=1e-5)
     assert metrics["rollout/logprob_diff_max"] == pytest.approx(offset, abs=1e-4)  # not 30: the -30s are off the mask
     assert metrics["rollout/logprob_diff_mean"] == pytest.approx(offset, abs=1e-4)
+    # k3 of KL(sampler || learner), log pi_learner - log pi_sampler = -offset on every token in the loss
+    assert metrics["rollout/mismatch_kl"] == pytest.approx(math.exp(-offset) + offset - 1, rel=2e-3)
     assert metrics["policy/ratio_max"] == pytest.approx(1.0, abs=1e-6)

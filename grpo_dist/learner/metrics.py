@@ -108,12 +108,15 @@ def advantage_metrics(advantages: torch.Tensor) -> dict[str, float]:
 
 def sampler_agreement(mask: torch.Tensor, sampler_logprobs: torch.Tensor, learner_logprobs: torch.Tensor,
                       tis_cap: float | None) -> dict[str, float]:
-    """How far the sampler's logprobs are from the learner's for the same tokens, and the
-    importance weights pi_learner / pi_sampler that this gap implies."""
+    """How far the sampler's logprobs are from the learner's for the same tokens: |difference|,
+    mismatch_kl (k3 estimate of KL(pi_sampler || pi_learner) on the sampler's own tokens), and
+    the importance weights pi_learner / pi_sampler that this gap implies."""
     valid = mask.bool()
     diff = (sampler_logprobs - learner_logprobs)[valid].abs()
+    mismatch = grpo.kl_k3(sampler_logprobs, learner_logprobs)[valid]
     weights = grpo.importance_weight_stats(learner_logprobs, sampler_logprobs, mask, tis_cap)
     return {"rollout/logprob_diff_mean": diff.mean().item() if diff.numel() else 0.0,
             "rollout/logprob_diff_max": diff.max().item() if diff.numel() else 0.0,
+            "rollout/mismatch_kl": mismatch.mean().item() if mismatch.numel() else 0.0,
             **{f"rollout/{name}": value for name, value in weights.items()}}
 

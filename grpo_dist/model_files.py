@@ -1,0 +1,67 @@
+"""A local model folder checked from its files before anything starts: a config, a tokenizer that
+fits the embedding, a chat template when one is required. No torch or transformers import: JSON
+and the `tokenizers` library, milliseconds for a small model, a fraction of a second for a real one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from grpo_dist.config import ConfigError, resolve_path
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
+
+
+def check_model_folder(path: str, chat_template: str) -> None:
+    """Raise ConfigError naming the folder (or file) when model.path cannot serve this run.
+
+    Hub ids are left to the loaders. A tokenizer may be shorter than the embedding (padded
+    vocabularies are common) but not longer: its last ids would have no row to embed them.
+    """
+    folder = Path(resolve_path(path))
+    if not folder.is_dir():
+        return
+    config = _read_json(folder / "config.json", "not a Hugging Face model folder")
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise ConfigError(f"model.path {folder}: no tokenizer ({', '.join(TOKENIZER_FILES)})")
+    rows = (config.get("text_config") or config).get("vocab_size")
+    tokens = _tokenizer_length(folder / "tokenizer.json")
+    if rows is not None and tokens is not None and tokens > rows:
+        raise ConfigError(f"model.path {folder}: tokenizer.json has {tokens} tokens, but the model's embedding has "
+                          f"{rows} rows (config.json vocab_size): a tokenizer of another model?")
+    if chat_template == "true" and not _has_chat_template(folder):
+        raise ConfigError(f"data.chat_template=true, but the tokenizer in {folder} has no chat template "
+                          f"({' or '.join(CHAT_TEMPLATE_FILES)}, or tokenizer_config.json's chat_template)")
+
+
+def _read_json(path: Path, missing: str) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"model.path {path.parent}: no {path.name}, {missing}") from None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"model.path {path}: cannot read: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"model.path {path}: not a JSON object")
+    return data
+
+
+def _tokenizer_length(path: Path) -> int | None:
+    """Ids of a tokenizer.json, added tokens included (None without the file)."""
+    if not path.is_file():
+        return None
+    from tokenizers import Tokenizer
+
+    try:
+        return Tokenizer.from_file(str(path)).get_vocab_size(with_added_tokens=True)
+    except Exception as exc:  # the Rust library raises its own Exception types
+        raise ConfigError(f"model.path {path}: not a tokenizer: {exc}") from None
+
+
+def _has_chat_template(folder: Path) -> bool:
+    if any((folder / name).is_file() for name in CHAT_TEMPLATE_FILES):
+        return True
+    settings = folder / "tokenizer_config.json"
+    return settings.is_file() and bool(_read_json(settings, "").get("chat_template"))
