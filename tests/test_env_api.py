@@ -68,12 +68,14 @@ def test_a_config_with_an_env_names_the_field_and_refuses_what_training_cannot_d
 def test_steps_and_openings_are_checked():
     assert check_step(Step(observation="ok", reward=1)) == Step(observation="ok", reward=1.0)
     assert check_step(Step(done=True)).observation == ""
+    assert check_step(Step(observation=None, done=True)) == Step(observation="", done=True)  # nothing to append
     for bad, message in [({"observation": "x"}, "must return a Step"),
                          (Step(observation="x", reward=float("nan")), "finite number"),
                          (Step(observation="x", reward=True), "finite number"),
                          (Step(observation="x", done=1), "must be a bool"),
                          (Step(observation=[{"role": "user"}]), r"Step.observation\[0\]"),
                          (Step(observation=""), "empty but the episode is not done"),
+                         (Step(observation=None), "None but the episode is not done"),
                          (Step(observation="x", info=None), "info must be a dict")]:
         with pytest.raises(EnvError, match=message):
             check_step(bad)

@@ -60,3 +60,18 @@ def check_training_env(env: EnvConfig | None, reward_names: list[str], aggregati
     if overlong:
         raise ValueError("algo.overlong_buffer's length penalty is of rollout.max_new_tokens, one turn's limit, not "
                          "an episode's: set algo.overlong_buffer=null with env (max_episode_tokens ends long episodes)")
+
+
+def check_env_deadlines(env: EnvConfig | None, call_timeout_s: float) -> None:
+    """A rollout call plays whole episodes: their reset and steps, each waited for at most
+    env.step_timeout_s, must end well within trainer.call_timeout_s (the bound on that call, past
+    which the worker counts as hung), leaving time to generate; env=None passes."""
+    if env is None:
+        return
+    calls_s = env.step_timeout_s * (env.max_turns + 1)
+    if calls_s >= call_timeout_s:
+        raise ValueError(
+            f"env.step_timeout_s={env.step_timeout_s:g} x (env.max_turns={env.max_turns} steps + 1 reset) = "
+            f"{calls_s:g} s of environment calls per episode, not less than trainer.call_timeout_s={call_timeout_s:g} "
+            "(the bound on a rollout call, generation included): lower env.step_timeout_s or env.max_turns, or "
+            "raise trainer.call_timeout_s")

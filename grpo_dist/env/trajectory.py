@@ -17,6 +17,7 @@ template (what the engine is then given, mask 0) and that turn's reply (mask 1).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -171,17 +172,28 @@ class Trajectory:
         messages = [{"role": "user", "content": observation}] if isinstance(observation, str) else observation
         budget, kept = self.max_observation_tokens, []
         for message in messages:
-            ids = self.renderer.encode(message["content"])
-            content = message["content"] if len(ids) <= budget else self.renderer.decode(ids[: max(budget, 0)])
-            budget -= min(len(ids), max(budget, 0))
-            kept.append({**message, "content": content})
+            ids, cut = head_ids(self.renderer.encode, message["content"], budget)
+            kept.append({**message, "content": self.renderer.decode(ids) if cut else message["content"]})
+            budget -= len(ids)
         self.observations_truncated += int(kept != list(messages))
         return kept
 
     def _truncated(self, text: str) -> str:
         """`text` cut to env.max_observation_tokens tokens; counted when cut."""
-        ids = self.renderer.encode(text)
-        if len(ids) <= self.max_observation_tokens:
+        ids, cut = head_ids(self.renderer.encode, text, self.max_observation_tokens)
+        if not cut:
             return text
         self.observations_truncated += 1
-        return self.renderer.decode(ids[: self.max_observation_tokens])
+        return self.renderer.decode(ids)
+
+
+def head_ids(encode: Callable[[str], list[int]], text: str, budget: int) -> tuple[list[int], bool]:
+    """The first `budget` token ids of `text`, and whether it has more. Only a prefix a few times
+    `budget` characters long is encoded (a megabyte observation costs what a short one does); the
+    prefix is cut well past the last id kept, so the ids are those of the whole text."""
+    chars = max(64, 8 * budget)
+    while True:
+        ids = encode(text[:chars])
+        if chars >= len(text) or len(ids) > budget + 16:
+            return ids[: max(budget, 0)], len(ids) > budget
+        chars *= 4

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from grpo_dist.config import RewardConfig, RewardFunctionConfig
-from grpo_dist.reward.chunk_stats import informative, per_group, summarize
+from grpo_dist.reward.chunk_stats import FAILURES, FIRST_ERROR, informative, per_group, summarize
 from grpo_dist.reward.pool import ScoreOutcome, ScoringPool, call_outcome, exception_outcome, value_outcome
 from grpo_dist.reward.registry import (
     COMPLETION_TOKENS,
@@ -81,11 +81,13 @@ class RewardWorker:
         ]
         totals = [0.0] * len(samples)
         parts: dict[str, list[float]] = {}
-        failures: dict[str, float] = {}
+        failures: dict[str, Any] = {}
         for function in self.config.functions:
             outcomes = self.outcomes(function, samples)
             values = [self.config.failure_score if o.error else o.value for o in outcomes]
-            failures[f"reward/{function.name}/failures"] = float(sum(o.error is not None for o in outcomes))
+            errors = [o.error for o in outcomes if o.error is not None]
+            failures[f"reward/{function.name}{FAILURES}"] = float(len(errors))
+            failures.update({f"reward/{function.name}{FIRST_ERROR}": errors[0]} if errors else {})
             parts[function.name] = values
             totals = [total + function.weight * value for total, value in zip(totals, values)]
         start = 0
