@@ -145,3 +145,13 @@ class TimedCountdown(Countdown):
         time.sleep(self.delay_s)
         TimedCountdown.steps.append((self.seed, started, time.perf_counter()))
         return super().step(reply)
+
+
+class BrokenReset(Countdown):
+    """Raises in every reset: every episode fails. Takes any options (a recipe's env.kwargs)."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__()
+
+    def reset(self, row: dict[str, Any]) -> list[dict[str, str]]:
+        raise RuntimeError("reset broke")

@@ -61,3 +61,14 @@ def inline_digits(prompt: str, completion: str, **fields: object) -> float:
 
 
 PIDS: set[int] = set()
+
+
+def always_raises(prompt: str, completion: str, **fields: object) -> float:
+    """A reward that fails on every sample (a sample reward: it runs in the scoring pool)."""
+    raise RuntimeError("the reward broke")
+
+
+def signed_length(prompt: str, completion: str, scale: float = 1.0, **fields: object) -> float:
+    """(len(completion) - 4) * scale: with scale 1e37 every score is a finite float32, but their
+    advantages and the loss are not."""
+    return (len(completion) - 4) * scale
