@@ -9,6 +9,7 @@ come back exit 2 with one line naming the field, never a traceback; a few go thr
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import typing
@@ -172,13 +173,14 @@ def test_every_case_in_process(capsys):
     (["algo.aggregation=\"no_such_choice\""], ["algo.aggregation"]),
     (["trainer.no_such_field=1"], ["trainer.no_such_field"]),
     (CONTRADICTIONS[0][0], CONTRADICTIONS[0][1]),
+    ([*SECTIONS["env"][1], "env.step_timeout_s=300", "env.max_turns=1"], ["env.step_timeout_s", "env.max_turns"]),
 ])
 def test_the_real_command_line_is_the_same_door(overrides, fields, tmp_path, capsys):
     """`python -m grpo_dist.launch` without --print-config (a run would start): the same exit code
     and line as in process, and nothing written."""
     result = subprocess.run([sys.executable, "-m", "grpo_dist.launch", *overrides,
                              f"trainer.output_dir={tmp_path / 'runs'}"], capture_output=True, text=True,
-                            timeout=120, cwd=ROOT)
+                            timeout=120, cwd=ROOT, env={**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}"})
     assert_refused(result.returncode, result.stderr, fields, overrides)
     assert (result.returncode, result.stderr) == refused_in_process(
         [*overrides, f"trainer.output_dir={tmp_path / 'runs'}"], capsys)

@@ -210,6 +210,8 @@ def test_eval_rows_and_the_cursor():
 @pytest.mark.parametrize("content,message", [
     ('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2=", "answer": \n', "rows.jsonl:2: not valid JSON"),
     ('{"prompt": "1+1=", "answer": "2"}\n{"question": "2+2=", "answer": "4"}\n', "rows.jsonl:2: no field 'prompt'"),
+    ('{"prompt": "1+1=", "answer": "2"}\n{"prompt": " \\n ", "answer": "4"}\n', "rows.jsonl:2: field 'prompt' is only "
+     "whitespace"),
 ])
 def test_the_cli_exits_2_on_bad_data_and_leaves_nothing_behind(tmp_path, content, message):
     """Ray and the actors start while the data are read (docs/speed.md): bad data is exit 2 with
