@@ -80,16 +80,17 @@ def test_weighted_sum_and_parts_per_function():
 @pytest.mark.parametrize(
     "texts,values,failed",
     [
-        (["ab", "boom", "c"], [-1.0] * 3, 3),  # raises: the whole batch fails
-        (["ab", "short", "c"], [-1.0] * 3, 3),  # one score too few: the whole batch fails
-        (["ab", "nan", "c"], [2.0, -1.0, 1.0], 1),  # NaN: that sample fails
+        (["ab", "boom", "c"], [-1.0] * 3, (3, "exception: RuntimeError: boom")),  # raises: the whole batch fails
+        (["ab", "short", "c"], [-1.0] * 3, (3, "exception: ValueError: returned 2 scores for 3 samples")),
+        (["ab", "nan", "c"], [2.0, -1.0, 1.0], (1, "non-finite: nan")),  # NaN: that sample fails
     ],
 )
 def test_a_failing_batched_reward_costs_its_batch_not_the_run(texts, values, failed):
     name = "reward_helpers:batched_length"
     reward = worker(name, f"{{name: '{name}'}}", failure_score=-1.0)
     [scored], failures = reward.score([group(texts)])
-    assert scored.reward_parts[name] == values and failures == {f"reward/{name}/failures": float(failed)}
+    assert scored.reward_parts[name] == values
+    assert failures == {f"reward/{name}/failures": float(failed[0]), f"reward/{name}/first_error": failed[1]}
     [scored], failures = reward.score([group(["xyz"])])
     assert scored.rewards == [3.0] and failures[f"reward/{name}/failures"] == 0.0
 
@@ -103,7 +104,8 @@ def test_an_inline_reward_runs_in_the_actor_and_a_failure_costs_its_sample():
     reward_helpers.PIDS.clear()
     [scored], failures = reward.score([group(["2.5", "two", "<answer>7</answer>"], answer="7")])
     assert scored.reward_parts == {name: [2.5, -1.0, -1.0], "exact_answer": [0.0, 0.0, 1.0]}
-    assert failures == {f"reward/{name}/failures": 2.0, "reward/exact_answer/failures": 0.0}
+    assert failures == {f"reward/{name}/failures": 2.0, "reward/exact_answer/failures": 0.0,
+                        f"reward/{name}/first_error": "exception: ValueError: could not convert string to float: 'two'"}
     assert reward_helpers.PIDS == {os.getpid()}
 
 
@@ -120,7 +122,8 @@ def test_async_rewards_run_concurrently_each_under_the_deadline():
     [scored], failures = reward.score([group(["0.3", "0.3", "0.3", "60", "x"])])
     assert time.monotonic() - start < 0.9  # together, not one after another
     assert scored.rewards == [0.3, 0.3, 0.3, 0.0, 0.0]
-    assert failures == {"reward/reward_helpers:async_sleep/failures": 2.0}  # the timeout and the ValueError
+    assert failures == {"reward/reward_helpers:async_sleep/failures": 2.0,  # the timeout and the ValueError
+                        "reward/reward_helpers:async_sleep/first_error": "timeout"}
 
 
 def actor_pid(actor) -> int:

@@ -23,7 +23,9 @@ class EnvConfig(Section):
     waves: int = Field(1, ge=1, description="the episodes of a chunk split into this many fixed waves that take "
                        "turns on the engine, one wave's environment steps running while another generates; 1: "
                        "every active episode in one engine call per round (largest batches, steps not overlapped)")
-    step_timeout_s: float = Field(30.0, gt=0, description="deadline of one reset or step; past it the episode fails")
+    step_timeout_s: float = Field(30.0, gt=0, description="deadline of one reset or step (sync or async, even one "
+                                  "that blocks its event loop); past it the episode fails. step_timeout_s x "
+                                  "(max_turns + 1) must be less than trainer.call_timeout_s")
     history: Literal["append", "per_turn"] = Field(
         "append", description="append: one sample per episode, the turns appended token for token (a template "
         "that rewrites history ends the episode: history_rewritten); per_turn: one sample per turn, each "
