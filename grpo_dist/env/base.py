@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Union
 
+from grpo_dist.coroutines import CoroutineLoop
+
 Message = dict[str, str]
 Observation = Union[list[Message], str]
 
@@ -62,16 +64,16 @@ class Environment:
         raise NotImplementedError
 
 
-async def call(method: Any, *args: Any, coroutines: asyncio.AbstractEventLoop | None = None) -> Any:
-    """`method(*args)`, awaited when it is a coroutine function: on the loop `coroutines` when
-    given (run by another thread), so that a caller's deadline fires even when the environment
-    blocks that loop with a sync call. A sync one runs on a thread of `_THREADS`, so that a slow
+async def call(method: Any, *args: Any, coroutines: CoroutineLoop | None = None) -> Any:
+    """`method(*args)`, awaited when it is a coroutine function: on `coroutines` when given (a
+    loop of another thread), so that a caller's deadline fires even when the environment blocks
+    that loop with a sync call. A sync one runs on a thread of `_THREADS`, so that a slow
     step does not hold up the other episodes' steps, and one that hangs past its deadline is
     abandoned without keeping the process from exiting."""
     if inspect.iscoroutinefunction(method):
         if coroutines is None:
             return await method(*args)
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(method(*args), coroutines))
+        return await coroutines.run(method(*args))
     loop = asyncio.get_running_loop()
     future = loop.create_future()
 

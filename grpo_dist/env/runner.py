@@ -28,6 +28,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from grpo_dist.coroutines import CoroutineLoop
 from grpo_dist.env.base import Environment, EnvError, call, check_opening, check_step, solved_turn
 from grpo_dist.env.config import EnvConfig
 from grpo_dist.env.registry import load_environment
@@ -176,22 +177,21 @@ class Calls:
     environment's coroutines on the loop `coroutines`."""
 
     limit: asyncio.Semaphore
-    coroutines: asyncio.AbstractEventLoop
+    coroutines: CoroutineLoop
 
 
 class EnvLoop:
     """An event loop on a daemon thread of its own, where the environment calls of one `run` are
     awaited under their deadlines, so that they run while the engine's thread generates (and a
     hung call, abandoned at its deadline, never holds up the engine or the process's exit); and
-    `coroutines`, a loop on a second daemon thread where async environments' methods run: one
-    that blocks it (a sync sleep) delays the other async episodes, never the deadlines."""
+    `coroutines`, where async environments' methods run (coroutines.py): one that blocks it (a
+    sync sleep) delays the other async episodes, never the deadlines."""
 
     def __enter__(self) -> EnvLoop:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="env-loop")
         self.thread.start()
-        self.coroutines = asyncio.new_event_loop()
-        threading.Thread(target=serve_then_close, args=(self.coroutines,), daemon=True, name="env-coroutines").start()
+        self.coroutines = CoroutineLoop("env-coroutines")
         return self
 
     def submit(self, coroutine: Coroutine[Any, Any, None]) -> Future:
@@ -201,19 +201,7 @@ class EnvLoop:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join()
         self.loop.close()
-        self.coroutines.call_soon_threadsafe(self.coroutines.stop)  # not joined: it may be blocked
-
-
-def serve_then_close(loop: asyncio.AbstractEventLoop) -> None:
-    """Run `loop` until stopped, then cancel what is left on it (the calls abandoned at their
-    deadlines), give them a second to end, and close it."""
-    loop.run_forever()
-    left = asyncio.all_tasks(loop)
-    for task in left:
-        task.cancel()
-    if left:
-        loop.run_until_complete(asyncio.wait(left, timeout=1.0))
-    loop.close()
+        self.coroutines.stop()
 
 
 def settle(futures: list[Future]) -> None:

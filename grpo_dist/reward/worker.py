@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from grpo_dist.config import RewardConfig, RewardFunctionConfig
+from grpo_dist.coroutines import CoroutineLoop
 from grpo_dist.reward.chunk_stats import FAILURES, FIRST_ERROR, informative, per_group, summarize
 from grpo_dist.reward.pool import ScoreOutcome, ScoringPool, call_outcome, exception_outcome, value_outcome
 from grpo_dist.reward.registry import (
@@ -129,7 +130,11 @@ class RewardWorker:
         if kind == "inline":
             return [call_outcome(reward, (s.prompt, s.completion, k)) for s, k in zip(samples, keywords)]
         if kind == "async":
-            return asyncio.run(_await_each(reward, samples, keywords, self.config.timeout_s))
+            coroutines = CoroutineLoop("reward-coroutines")
+            try:
+                return asyncio.run(_await_each(reward, samples, keywords, self.config.timeout_s, coroutines))
+            finally:
+                coroutines.stop()
         assert self.pool is not None
         items = [(s.prompt, s.completion, k) for s, k in zip(samples, keywords)]
         return self.pool.score(reward_spec(function.name), items)
@@ -176,14 +181,15 @@ def _safe_outcome(value: Any) -> ScoreOutcome:
         return exception_outcome(exc)
 
 
-async def _await_each(
-    reward: Reward, samples: list[Sample], keywords: list[dict[str, Any]], timeout_s: float
-) -> list[ScoreOutcome]:
-    """Await an async reward on every sample concurrently, each under `timeout_s`."""
+async def _await_each(reward: Reward, samples: list[Sample], keywords: list[dict[str, Any]], timeout_s: float,
+                      coroutines: CoroutineLoop) -> list[ScoreOutcome]:
+    """Await an async reward on every sample concurrently, each under `timeout_s`; the reward's
+    coroutines run on `coroutines`, so that a deadline fires even when one blocks its loop."""
 
     async def one(sample: Sample, keyword: dict[str, Any]) -> ScoreOutcome:
         try:
-            return value_outcome(await asyncio.wait_for(reward(sample.prompt, sample.completion, **keyword), timeout_s))
+            scored = coroutines.run(reward(sample.prompt, sample.completion, **keyword))
+            return value_outcome(await asyncio.wait_for(scored, timeout_s))
         except TimeoutError:
             return ScoreOutcome(None, "timeout")
         except Exception as exc:
