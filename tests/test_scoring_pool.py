@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from grpo_dist.reward.pool import ScoreOutcome, ScoringPool
+from grpo_dist.reward.pool import OUTPUT_LIMIT, ScoreOutcome, ScoringPool
 
 HELPERS = "scoring_helpers"
 
@@ -64,11 +64,14 @@ def test_none_text_and_numbers_beyond_float32_are_errors() -> None:
 
 
 @pytest.mark.timeout(60)
-def test_a_scorer_that_prints_megabytes_still_scores(capfd) -> None:
+def test_a_scorer_that_prints_megabytes_still_scores_and_its_output_is_cut(capfd) -> None:
+    """4 MiB to stdout and to stderr per sample: each sample's first 64 KiB of each reach the
+    worker's output (the reward actor's log, streamed to the console), then one line says so."""
     with ScoringPool(num_workers=1, timeout_s=5) as pool:
         assert pool.score(f"{HELPERS}:prints", [("p", "c", {})] * 2) == [ScoreOutcome(1.0)] * 2
     out, err = capfd.readouterr()
-    assert len(out) > 2 * (1 << 22) and len(err) > 2 * (1 << 22)  # it went where the worker's output goes
+    assert out.count("x") == err.count("y") == 2 * OUTPUT_LIMIT
+    assert out.count("[reward output cut at 65536 characters]") == err.count("[reward output cut at") == 2
 
 
 @pytest.mark.timeout(60)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import io
 import math
 import os
 import signal
@@ -38,6 +39,7 @@ _RUNS_PER_WORKER = 4  # each worker's share of the queue is handed out in about 
 
 Item = tuple[str, str, dict[str, Any]]
 FLOAT32_MAX = 3.4028234663852886e38
+OUTPUT_LIMIT = 65536  # characters a scorer may print (stdout and stderr each) per sample; the rest is dropped
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,8 @@ def _worker_main(conn: Connection, sys_path: list[str]) -> None:
     sys.path[:] = sys_path
     os.setpgrp()  # what a scorer starts is in this worker's group, killed with it (ScoringPool._stop)
     worker = os.getpid()
+    outputs = [CappedOutput(sys.stdout, OUTPUT_LIMIT), CappedOutput(sys.stderr, OUTPUT_LIMIT)]
+    sys.stdout, sys.stderr = outputs  # (the reward actor's log, which Ray streams to the console)
     functions: dict[str, Callable[..., Any]] = {}
     while (request := conn.recv()) is not None:
         fn_spec, run = request
@@ -100,10 +104,37 @@ def _worker_main(conn: Connection, sys_path: list[str]) -> None:
                 conn.send(("done", index, exception_outcome(exc)))
                 continue
             conn.send(("started", index, None))
+            for output in outputs:
+                output.reset()
             outcome = call_outcome(functions[fn_spec], item)
             if os.getpid() != worker:  # the child of a scorer that forked: the pipe is the worker's
                 os._exit(0)
             conn.send(("done", index, outcome))
+
+
+class CappedOutput(io.TextIOBase):
+    """A text stream that passes on the first `limit` characters written since `reset`, then says
+    once that it cut the rest (a scorer that prints megabytes would flood the console)."""
+
+    def __init__(self, stream: Any, limit: int) -> None:
+        self.stream, self.limit = stream, limit
+        self.reset()
+
+    def reset(self) -> None:
+        self.written, self.cut = 0, False
+
+    def write(self, text: str) -> int:
+        room = self.limit - self.written
+        if room > 0:
+            self.stream.write(text[:room])
+        if len(text) > room and not self.cut:
+            self.stream.write(f"\n[reward output cut at {self.limit} characters]\n")
+            self.cut = True
+        self.written += len(text)
+        return len(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
 
 
 @dataclass
