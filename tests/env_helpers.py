@@ -82,8 +82,8 @@ class AsyncCountdown(Countdown):
 
 class BadEnv(Countdown):
     """Misbehaves on rows whose `bad` field says how: raise, malformed, hang (sync sleep), none;
-    in reset: reset_raise, reset_hang; huge: a 16 MB observation; none_at_end: the last step's
-    observation is None."""
+    in reset: reset_raise, reset_hang, huge_opening (16 MiB); huge: a 16 MiB observation;
+    none_at_end: the last step's observation is None."""
 
     def reset(self, row: dict[str, Any]) -> list[dict[str, str]]:
         self.bad = row.get("bad", "none")
@@ -91,6 +91,8 @@ class BadEnv(Countdown):
             raise RuntimeError("reset broke")
         if self.bad == "reset_hang":
             time.sleep(60)
+        if self.bad == "huge_opening":
+            return [{"role": "user", "content": "x" * (1 << 24)}]
         return super().reset(row)
 
     def step(self, reply: str) -> Any:

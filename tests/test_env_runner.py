@@ -140,15 +140,20 @@ def test_async_environments_meet_their_deadline_even_when_they_block_their_event
         assert {e.error.split(": ", 1)[1] for e in episodes} == {"no answer within env.step_timeout_s=1.0"}, bad
 
 
-def test_a_huge_observation_is_cut_without_encoding_all_of_it(engine):
+def test_a_huge_observation_is_cut_and_a_huge_opening_refused_without_encoding_all_of_it(engine):
     """16 MiB of observation per step: cut to env.max_observation_tokens, counted, in milliseconds
-    (encoding all of it took 70 s and 6.8 GB with the tiny tokenizer)."""
+    (encoding all of it took 70 s and 6.8 GB with the tiny tokenizer); a 16 MiB opening: the
+    episode fails, as an opening over env.max_episode_tokens does."""
     started = time.perf_counter()
     (episode,), = play(engine, rows=[{**ROWS[0], "bad": "huge"}], n=1, name="env_helpers:BadEnv",
                        max_observation_tokens=16)
     assert time.perf_counter() - started < 5
     # env.max_turns=4: three observations, each cut and counted
     assert episode.error is None and episode.trajectory.observations_truncated == 3 and episode.turns == 4
+    started = time.perf_counter()
+    (opening,), = play(engine, rows=[{**ROWS[0], "bad": "huge_opening"}], n=1, name="env_helpers:BadEnv")
+    assert time.perf_counter() - started < 5  # a 16 MiB opening is refused from its first few thousand characters
+    assert opening.error == "reset: the opening is more than env.max_episode_tokens=1024 tokens"
 
 
 def test_environment_calls_run_concurrently(engine):

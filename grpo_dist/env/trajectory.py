@@ -66,12 +66,15 @@ class Trajectory:
         if self.renderer.chat:
             self.messages = [{"role": "user", "content": self.opening}] if isinstance(self.opening, str) \
                 else list(self.opening)
-            ids = self.renderer.opening_ids(self.messages)
-            self._seen = self.renderer.render(self.messages, generation_prompt=True)
+            self._seen = text = self.renderer.render(self.messages, generation_prompt=True)
         elif isinstance(self.opening, str):
-            ids = self.renderer.opening_ids(self.opening)
+            text = self.opening
         else:
             raise EnvError("reset() returned messages, but the model has no chat template: return a prompt string")
+        # a huge opening is refused from a prefix (encoding megabytes takes a minute and gigabytes)
+        if len(text) > 8 * self.max_episode_tokens and head_ids(self.renderer.encode, text, self.max_episode_tokens)[1]:
+            raise EnvError(f"the opening is more than env.max_episode_tokens={self.max_episode_tokens} tokens")
+        ids = self.renderer.opening_ids(self.messages if self.renderer.chat else text)  # type: ignore[arg-type]
         if len(ids) >= self.max_episode_tokens:
             raise EnvError(f"the opening is {len(ids)} tokens, env.max_episode_tokens={self.max_episode_tokens}")
         self.samples.append(Sample(ids, [0] * len(ids), [0.0] * len(ids), len(ids)))
