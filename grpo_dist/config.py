@@ -18,7 +18,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from grpo_dist.env.config import EnvConfig, check_training_env
+from grpo_dist.env.config import EnvConfig, check_env_deadlines, check_training_env
 from grpo_dist.recipes import RecipeError, compose, deep_merge, describe_error
 from grpo_dist.reward.registry import check_reward_options, load_reward
 from grpo_dist.run_config import (ClusterConfig, LearnerConfig, Section, Strategy, TrainerConfig, VLLMConfig,
@@ -301,6 +301,7 @@ class Config(Section):
     def _env_fits_training(self) -> Config:
         check_training_env(self.env, [f.name for f in self.reward.functions], self.algo.aggregation,
                            self.algo.overlong_buffer is not None, self.algo.minibatch_size)
+        check_env_deadlines(self.env, self.trainer.call_timeout_s)
         return self
 
     @model_validator(mode="after")

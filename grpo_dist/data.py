@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from grpo_dist.config import Config, DataConfig, RewardConfig, resolve_path
 from grpo_dist.types import Prompt
 
 T = TypeVar("T")
+TOKENIZE_BATCH = 8192  # prompts per tokenizer call
 
 
 class DataError(ValueError):
@@ -82,17 +84,23 @@ def load_table(source: str, split: str = "train", subset: str | None = None) -> 
 
 
 def _read_jsonl(source: str) -> Table:
+    """A JSONL file's rows, read line by line; an error names the line."""
     rows, lines = [], []
     try:
-        with Path(resolve_path(source)).open(encoding="utf-8") as handle:
-            for number, line in enumerate(handle, start=1):
+        with Path(resolve_path(source)).open("rb") as handle:
+            for number, raw in enumerate(handle, start=1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise DataError(f"{source}:{number}: not UTF-8: byte {raw[exc.start]:#04x} at column "
+                                    f"{exc.start + 1}") from None
                 if line.strip():
                     try:
                         rows.append(json.loads(line))
                     except json.JSONDecodeError as exc:
                         raise DataError(f"{source}:{number}: not valid JSON: {exc}") from None
                     lines.append(number)
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
         raise DataError(f"{source}: cannot read: {exc}") from None
     if not rows:
         raise DataError(f"{source}: no rows")
@@ -158,15 +166,19 @@ class PromptFormat:
         self.data = data
         self.tokenizer = tokenizer
         self.needs = dict(needs or {})  # row field -> the reward that needs it
+        specials = sorted(getattr(tokenizer, "all_special_tokens", []), key=len, reverse=True)
+        self.specials = re.compile("|".join(map(re.escape, specials)) if specials else r"(?!)")
 
     def prompts(self, table: Table) -> list[Prompt]:
-        """Every row of `table` as a Prompt. The texts are tokenized in one call, not one per row:
-        it is the driver's start (benchmarks/eval_exit.py times prepare_data)."""
+        """Every row of `table` as a Prompt. The texts are tokenized in calls of TOKENIZE_BATCH,
+        not one per row (it is the driver's start: benchmarks/eval_exit.py times prepare_data), nor
+        all at once (the tokenizer's own records of a million rows took gigabytes)."""
         rendered = [self._render(row, table.where(i)) for i, row in enumerate(table.rows)]
         texts = [text for _, text in rendered]
         # a chat template writes the special tokens (BOS and the like) itself
-        ids = self.tokenizer(texts, add_special_tokens=not self.chat)["input_ids"] if texts else []
-        return [Prompt(index=i, row=row, text=text, ids=list(tokens))
+        ids = [list(tokens) for start in range(0, len(texts), TOKENIZE_BATCH) for tokens in self.tokenizer(
+            texts[start : start + TOKENIZE_BATCH], add_special_tokens=not self.chat)["input_ids"]]
+        return [Prompt(index=i, row=row, text=text, ids=tokens)
                 for i, ((row, text), tokens) in enumerate(zip(rendered, ids, strict=True))]
 
     def _render(self, row: dict[str, Any], where: str) -> tuple[dict[str, Any], str]:
@@ -178,6 +190,7 @@ class PromptFormat:
             raise DataError(f"{where}: no field {field!r} (data.prompt_field) and no 'messages'; "
                             f"the row has {sorted(row)}")
         value = row[field]
+        self._check_not_blank(value, field, where)
         if isinstance(value, str):
             messages = [{"role": "user", "content": self._filled_template(row, value, where)}]
         elif isinstance(value, list) and self.chat:
@@ -195,6 +208,22 @@ class PromptFormat:
             messages = [{"role": "system", "content": self.data.system_prompt}, *messages]
         return row, self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
+    def _check_not_blank(self, value: Any, field: str, where: str) -> None:
+        """A prompt (or every message of one) that is empty, whitespace or only the tokenizer's
+        special tokens is a DataError: nothing to answer, or markup the model reads as structure."""
+        if isinstance(value, str):
+            contents = [value]
+        elif isinstance(value, list) and value and all(isinstance(m, dict) and isinstance(m.get("content"), str)
+                                                      for m in value):
+            contents = [m["content"] for m in value]
+        else:
+            return  # (wrong types are told by _render)
+        if all(not content.strip() for content in contents):
+            raise DataError(f"{where}: field {field!r} is {'empty' if not ''.join(contents) else 'only whitespace'}")
+        if all(not self.specials.sub("", content).strip() for content in contents):
+            raise DataError(f"{where}: field {field!r} holds only special tokens of the tokenizer: "
+                            f"{''.join(contents)[:80]!r}")
+
     def _filled_template(self, row: dict[str, Any], prompt: str, where: str) -> str:
         try:
             return self.data.prompt_template.format(**{**row, "prompt": prompt})
@@ -207,7 +236,7 @@ class PromptFormat:
     def _reward_row(self, row: dict[str, Any], where: str) -> dict[str, Any]:
         """The fields rewards receive: the row's, with the answer field also under `answer`."""
         answer_field = self.data.answer_field
-        if answer_field in row:
+        if answer_field in row and answer_field != "answer":  # (a copy only when it is needed)
             row = {**row, "answer": row[answer_field]}
         for field, reward in self.needs.items():
             if field not in row:

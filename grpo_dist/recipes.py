@@ -64,7 +64,8 @@ def apply_override(tree: dict[str, Any], assignment: str) -> None:
 
 
 def first_problem(error: yaml.YAMLError) -> str:
-    return str(getattr(error, "problem", None) or error).strip()
+    """What YAML found wrong, on one line (a reader's error spans several)."""
+    return " ".join(str(getattr(error, "problem", None) or error).split())
 
 
 def describe_error(error: ValidationError) -> str:
@@ -79,7 +80,7 @@ def describe_error(error: ValidationError) -> str:
             lines.append(f"{field}: {message}" if item["loc"] else message)
         else:
             lines.append(f"{field} = {item['input']!r}: {message}")
-    return "invalid config: " + "; ".join(lines)
+    return "invalid config: " + "; ".join(lines).replace("\n", " ")  # (a validator's message may span lines)
 
 
 def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:

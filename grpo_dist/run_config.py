@@ -85,8 +85,9 @@ class TrainerConfig(Section):
     )
     keep_checkpoints: int = Field(2, ge=1, description="keep the newest N checkpoints in RUN_DIR/checkpoints")
     max_bad_steps: int = Field(
-        3, ge=1, description="stop the run (exit 1, after a checkpoint) after N steps in a row whose loss or gradient "
-        "was not finite: each is skipped, the weights stay the last good ones"
+        3, ge=1, description="stop the run (exit 1, after a checkpoint) after N steps in a row that trained on "
+        "nothing: a loss or gradient that was not finite (each skipped, the weights stay the last good ones), or "
+        "every sample failed (every episode, or one reward function on every completion; the first error is told)"
     )
     verify_weight_sync: bool = Field(True, description="check every rollout worker's weight checksum each step")
     weight_sync: Literal["auto", "object_store", "nccl"] = Field(

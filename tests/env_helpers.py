@@ -81,10 +81,18 @@ class AsyncCountdown(Countdown):
 
 
 class BadEnv(Countdown):
-    """Misbehaves on rows whose `bad` field says how: raise, malformed, hang (sync sleep), none."""
+    """Misbehaves on rows whose `bad` field says how: raise, malformed, hang (sync sleep), none;
+    in reset: reset_raise, reset_hang, huge_opening (16 MiB); huge: a 16 MiB observation;
+    none_at_end: the last step's observation is None."""
 
     def reset(self, row: dict[str, Any]) -> list[dict[str, str]]:
         self.bad = row.get("bad", "none")
+        if self.bad == "reset_raise":
+            raise RuntimeError("reset broke")
+        if self.bad == "reset_hang":
+            time.sleep(60)
+        if self.bad == "huge_opening":
+            return [{"role": "user", "content": "x" * (1 << 24)}]
         return super().reset(row)
 
     def step(self, reply: str) -> Any:
@@ -94,7 +102,30 @@ class BadEnv(Countdown):
             return {"observation": "not a Step"}
         if self.bad == "hang":
             time.sleep(60)
+        if self.bad == "huge":
+            return Step(observation=[{"role": "user", "content": "x" * (1 << 24)}])
+        step = super().step(reply)
+        return Step(observation=None, done=True) if self.bad == "none_at_end" and step.done else step
+
+
+class AsyncBadEnv(Countdown):
+    """Async reset and step that misbehave on rows whose `bad` field says how: hang (awaits
+    forever), block (a sync sleep that blocks the event loop), in reset: reset_hang, reset_block."""
+
+    async def reset(self, row: dict[str, Any]) -> list[dict[str, str]]:  # type: ignore[override]
+        self.bad = row.get("bad", "none")
+        await self.misbehave("reset_")
+        return super().reset(row)
+
+    async def step(self, reply: str) -> Step:  # type: ignore[override]
+        await self.misbehave("")
         return super().step(reply)
+
+    async def misbehave(self, prefix: str) -> None:
+        if self.bad == f"{prefix}hang":
+            await asyncio.sleep(60)
+        if self.bad == f"{prefix}block":
+            time.sleep(4)  # noqa: ASYNC251 - on purpose: the loop is blocked
 
 
 class NotAnEnvironment:
@@ -116,3 +147,13 @@ class TimedCountdown(Countdown):
         time.sleep(self.delay_s)
         TimedCountdown.steps.append((self.seed, started, time.perf_counter()))
         return super().step(reply)
+
+
+class BrokenReset(Countdown):
+    """Raises in every reset: every episode fails. Takes any options (a recipe's env.kwargs)."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__()
+
+    def reset(self, row: dict[str, Any]) -> list[dict[str, str]]:
+        raise RuntimeError("reset broke")

@@ -3,6 +3,7 @@
 import asyncio
 import math
 import os
+import time
 
 from grpo_dist.reward.registry import batched, inline
 
@@ -61,3 +62,20 @@ def inline_digits(prompt: str, completion: str, **fields: object) -> float:
 
 
 PIDS: set[int] = set()
+
+
+def always_raises(prompt: str, completion: str, **fields: object) -> float:
+    """A reward that fails on every sample (a sample reward: it runs in the scoring pool)."""
+    raise RuntimeError("the reward broke")
+
+
+def signed_length(prompt: str, completion: str, scale: float = 1.0, **fields: object) -> float:
+    """(len(completion) - 4) * scale: with scale 1e37 every score is a finite float32, but their
+    advantages and the loss are not."""
+    return (len(completion) - 4) * scale
+
+
+async def async_blocks(prompt: str, completion: str, **fields: object) -> float:
+    """Blocks its event loop for float(completion) seconds (a sync sleep in an async reward)."""
+    time.sleep(float(completion))  # noqa: ASYNC251 - on purpose
+    return 1.0

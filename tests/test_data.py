@@ -2,6 +2,7 @@
 errors that name the source, the row and the field before anything starts."""
 
 import json
+import re
 import subprocess
 import time
 import sys
@@ -118,6 +119,29 @@ def test_bad_rows_name_the_row_and_the_field(tmp_path, rows, overrides, message)
         prepare_data(config(f"data.train={path}", *overrides))
 
 
+@pytest.mark.parametrize("prompt,message", [
+    ("", "field 'prompt' is empty"),
+    (" \n\t ", "field 'prompt' is only whitespace"),
+    ("<eos><pad>", "field 'prompt' holds only special tokens of the tokenizer: '<eos><pad>'"),
+    (" <unk> \n", "field 'prompt' holds only special tokens"),
+])
+def test_blank_prompts_and_prompts_of_special_tokens_name_their_row(tmp_path, prompt, message):
+    """Nothing to answer, or only markup the model reads as structure (its end of text): exit 2 at
+    the row. A prompt that merely contains special tokens is a prompt."""
+    rows = [{"prompt": "1+1=", "answer": "2"}, {"prompt": prompt, "answer": "1"}]
+    with pytest.raises(DataError, match=f"rows.jsonl:2: {re.escape(message)}"):
+        prepare_data(config(f"data.train={write_jsonl(tmp_path / 'rows.jsonl', rows)}"))
+    rows[1]["prompt"] = "<eos>1+1="
+    assert [p.text for p in prepare_data(config(f"data.train={write_jsonl(tmp_path / 'ok.jsonl', rows)}")).train] \
+        == ["1+1=", "<eos>1+1="]
+
+
+def test_blank_messages_name_their_row(tmp_path, chat_model):
+    rows = [{"messages": [{"role": "system", "content": ""}, {"role": "user", "content": "  "}], "answer": "1"}]
+    with pytest.raises(DataError, match="rows.jsonl:1: field 'messages' is only whitespace"):
+        prepare_data(config(f"model.path={chat_model}", f"data.train={write_jsonl(tmp_path / 'rows.jsonl', rows)}"))
+
+
 def test_a_reward_that_needs_no_answer_needs_no_answer_field(tmp_path):
     path = write_jsonl(tmp_path / "rows.jsonl", [{"prompt": "a"}])
     data = prepare_data(config(f"data.train={path}", "reward.functions=[{name: answer_format}]",
@@ -141,8 +165,8 @@ def test_unreadable_malformed_and_empty_sources(tmp_path):
     (tmp_path / "broken.jsonl").write_text('{"prompt": "a"}\n\n{"prompt": \n')
     with pytest.raises(DataError, match=r"broken.jsonl:3: not valid JSON"):
         read_jsonl(str(tmp_path / "broken.jsonl"))
-    (tmp_path / "binary.jsonl").write_bytes(b"\xff\xfe\x00{")
-    with pytest.raises(DataError, match="binary.jsonl: cannot read"):
+    (tmp_path / "binary.jsonl").write_bytes(b'{"prompt": "a", "answer": "1"}\n{"prompt": "caf\xe9"}\n')  # Latin-1
+    with pytest.raises(DataError, match="binary.jsonl:2: not UTF-8: byte 0xe9 at column 16"):
         load_table(str(tmp_path / "binary.jsonl"))
     (tmp_path / "blank.jsonl").write_text("\n\n")
     with pytest.raises(DataError, match="blank.jsonl: no rows"):
@@ -186,6 +210,8 @@ def test_eval_rows_and_the_cursor():
 @pytest.mark.parametrize("content,message", [
     ('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2=", "answer": \n', "rows.jsonl:2: not valid JSON"),
     ('{"prompt": "1+1=", "answer": "2"}\n{"question": "2+2=", "answer": "4"}\n', "rows.jsonl:2: no field 'prompt'"),
+    ('{"prompt": "1+1=", "answer": "2"}\n{"prompt": " \\n ", "answer": "4"}\n', "rows.jsonl:2: field 'prompt' is only "
+     "whitespace"),
 ])
 def test_the_cli_exits_2_on_bad_data_and_leaves_nothing_behind(tmp_path, content, message):
     """Ray and the actors start while the data are read (docs/speed.md): bad data is exit 2 with

@@ -65,15 +65,28 @@ def test_a_config_with_an_env_names_the_field_and_refuses_what_training_cannot_d
     assert "Ray" not in result.stderr + result.stdout  # nothing was started
 
 
+def test_environment_deadlines_must_leave_a_rollout_call_time_to_generate():
+    """A rollout call plays whole episodes: reset + env.max_turns steps, each up to env.step_timeout_s,
+    must take less than trainer.call_timeout_s, or a slow environment reads as a hung worker."""
+    assert load_config(None, [*ENV, "env.step_timeout_s=199", "env.max_turns=2"]).env.step_timeout_s == 199
+    for overrides in (["env.step_timeout_s=200", "env.max_turns=2"], ["trainer.call_timeout_s=120"]):
+        with pytest.raises(ConfigError, match=r"env.step_timeout_s=\S+ x \(env.max_turns=\d+ steps \+ 1 reset\) = "
+                                              r"\S+ s of environment calls per episode, not less than "
+                                              r"trainer.call_timeout_s=\S+ \(the bound on a rollout call"):
+            load_config(None, [*ENV, *overrides])
+
+
 def test_steps_and_openings_are_checked():
     assert check_step(Step(observation="ok", reward=1)) == Step(observation="ok", reward=1.0)
     assert check_step(Step(done=True)).observation == ""
+    assert check_step(Step(observation=None, done=True)) == Step(observation="", done=True)  # nothing to append
     for bad, message in [({"observation": "x"}, "must return a Step"),
                          (Step(observation="x", reward=float("nan")), "finite number"),
                          (Step(observation="x", reward=True), "finite number"),
                          (Step(observation="x", done=1), "must be a bool"),
                          (Step(observation=[{"role": "user"}]), r"Step.observation\[0\]"),
                          (Step(observation=""), "empty but the episode is not done"),
+                         (Step(observation=None), "None but the episode is not done"),
                          (Step(observation="x", info=None), "info must be a dict")]:
         with pytest.raises(EnvError, match=message):
             check_step(bad)

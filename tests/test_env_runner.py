@@ -109,6 +109,53 @@ def test_a_bad_environment_costs_its_episode_never_the_run(engine, waves):
     assert metrics["env/turns_mean"] == (3 + 1 + 1 + 1) / 4  # the failed ones replied once
 
 
+def test_resets_that_raise_or_hang_cost_their_episode_and_a_last_step_may_have_no_observation(engine):
+    rows = [{**ROWS[0], "bad": bad} for bad in ("none", "reset_raise", "reset_hang", "none_at_end")]
+    groups = play(engine, rows=rows, n=1, step_timeout_s=1.0, name="env_helpers:BadEnv")
+    good, raised, hung, none_at_end = (group[0] for group in groups)
+    assert good.error is None and good.stop_reason == "done"
+    assert raised.error == "reset: RuntimeError: reset broke" and raised.samples() == []
+    assert hung.error == "reset: no answer within env.step_timeout_s=1.0"
+    # Step(observation=None, done=True): nothing to append after the last turn, the episode is whole
+    assert none_at_end.error is None and none_at_end.stop_reason == "done" and none_at_end.turns == 3
+    assert sum(none_at_end.samples()[0].loss_mask) > 0  # trained on
+
+
+def test_async_environments_meet_their_deadline_even_when_they_block_their_event_loop(engine):
+    """An async step or reset that awaits forever, and one that blocks its event loop with a sync
+    sleep of 4 s (asyncio.wait_for on that loop could not fire until the sleep ended), each fail
+    at env.step_timeout_s=1."""
+    rows = [{**ROWS[0], "bad": bad} for bad in ("none", "hang", "reset_hang")]
+    started = time.perf_counter()
+    good, hung, reset_hung = (g[0] for g in play(engine, rows=rows, n=1, step_timeout_s=1.0,
+                                                 name="env_helpers:AsyncBadEnv"))
+    assert good.error is None and good.stop_reason == "done"
+    assert hung.error == "step 1: no answer within env.step_timeout_s=1.0"
+    assert reset_hung.error == "reset: no answer within env.step_timeout_s=1.0"
+    for bad in ("block", "reset_block"):  # the whole loop is blocked: every async episode waits, each fails
+        started = time.perf_counter()
+        episodes = [g[0] for g in play(engine, rows=[{**ROWS[0], "bad": bad}] * 2, n=1, step_timeout_s=1.0,
+                                       name="env_helpers:AsyncBadEnv")]
+        assert time.perf_counter() - started < 3.5, bad  # not the 4 s the blocking call takes
+        assert {e.error.split(": ", 1)[1] for e in episodes} == {"no answer within env.step_timeout_s=1.0"}, bad
+
+
+def test_a_huge_observation_is_cut_and_a_huge_opening_refused_without_encoding_all_of_it(engine):
+    """16 MiB of observation per step: cut to env.max_observation_tokens, counted, in milliseconds
+    (encoding all of it took 70 s and 6.8 GB with the tiny tokenizer); a 16 MiB opening: the
+    episode fails, as an opening over env.max_episode_tokens does."""
+    started = time.perf_counter()
+    (episode,), = play(engine, rows=[{**ROWS[0], "bad": "huge"}], n=1, name="env_helpers:BadEnv",
+                       max_observation_tokens=16)
+    assert time.perf_counter() - started < 5
+    # env.max_turns=4: three observations, each cut and counted
+    assert episode.error is None and episode.trajectory.observations_truncated == 3 and episode.turns == 4
+    started = time.perf_counter()
+    (opening,), = play(engine, rows=[{**ROWS[0], "bad": "huge_opening"}], n=1, name="env_helpers:BadEnv")
+    assert time.perf_counter() - started < 5  # a 16 MiB opening is refused from its first few thousand characters
+    assert opening.error == "reset: the opening is more than env.max_episode_tokens=1024 tokens"
+
+
 def test_environment_calls_run_concurrently(engine):
     rows = [dict(ROWS[0]) for _ in range(8)]
     started = time.perf_counter()

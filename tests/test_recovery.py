@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from faults import actor_processes, busy_in, ended, freeze_actor, kill_actor, kill_session
-from runs import SMALL, finish, start, train_records, wait_for
+from runs import ROOT, SMALL, finish, start, train_records, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -232,12 +232,14 @@ def test_a_dead_learner_rank_ends_the_run_within_seconds_with_the_resume_command
 
 
 def test_steps_whose_loss_is_never_finite_stop_the_run_with_a_checkpoint(tmp_path):
-    """Rewards of ~1e40 are finite floats but overflow float32 in the learner: every step's loss
-    is NaN, each is skipped, and after trainer.max_bad_steps of them the run stops."""
+    """Rewards of up to 4e37 are finite in float32 (larger ones score as failures), but their
+    advantages, unscaled, overflow the loss: every step's loss or gradient is not finite, each is
+    skipped, and after trainer.max_bad_steps of them the run stops."""
     where, run_dir, log = run_dir_and_log(tmp_path)
     reward = ("reward.functions=[{name: exact_answer}, "
-              "{name: 'reward_helpers:batched_length', kwargs: {scale: 1.0e+39}}]")
-    run = start(*SMALL, *where, reward, "trainer.steps=20", "trainer.max_bad_steps=2", log=log)
+              "{name: 'reward_helpers:signed_length', kwargs: {scale: 1.0e+37}}]")
+    run = start(*SMALL, *where, reward, "algo.advantage_scale=none", "trainer.steps=20", "trainer.max_bad_steps=2",
+                log=log)
     code, output = finish(run, log=log)
     assert code == 1, output[-3000:]
     assert "error: steps 1-2 had a loss or gradient that is not finite (trainer.max_bad_steps=2 in a row" in output
@@ -246,6 +248,28 @@ def test_steps_whose_loss_is_never_finite_stop_the_run_with_a_checkpoint(tmp_pat
     assert (run_dir / "checkpoints" / "step_000002" / "COMPLETE").is_file()
     state = json.loads((run_dir / "checkpoints" / "step_000002" / "trainer_state.json").read_text())
     assert state["policy_version"] == 2 and state["counters"]["bad_steps_in_a_row"] == 2
+
+
+@pytest.mark.parametrize("broken", ["reward", "env"])
+def test_steps_where_every_sample_failed_stop_the_run_with_the_first_error(tmp_path, broken):
+    """A reward function that raises on every sample, or an environment whose every reset raises:
+    each step trains on nothing, and after trainer.max_bad_steps of them the run stops (exit 1,
+    the first error, a checkpoint, the resume command) instead of training on nothing to the end."""
+    where, run_dir, log = run_dir_and_log(tmp_path)
+    setting = {"reward": ["reward.functions=[{name: exact_answer}, {name: 'reward_helpers:always_raises'}]"],
+               "env": ["--config", str(ROOT / "configs" / "default.yaml"), "--config",
+                       str(ROOT / "configs" / "arithmetic_retry.yaml"), "env.name=env_helpers:BrokenReset"]}[broken]
+    run = start(*setting, *SMALL, *where, "trainer.steps=20", "trainer.max_bad_steps=2", log=log)
+    code, output = finish(run, log=log)
+    first = {"reward": "reward function reward_helpers:always_raises failed on every sample (32), the first: "
+                       "exception: RuntimeError: the reward broke",
+             "env": "every episode failed (32), the first: reset: RuntimeError: reset broke"}[broken]
+    assert code == 1, output[-3000:]
+    assert f"error: steps 1-2 trained on nothing (trainer.max_bad_steps=2 in a row): {first}; the last checkpoint " \
+           f"is {run_dir / 'checkpoints' / 'step_000002'} (step 2); resume with: python -m grpo_dist.launch " \
+           f"--resume {run_dir}\n" in output, output[-3000:]
+    assert [r["step"] for r in train_records(run_dir)] == [1, 2]
+    assert (run_dir / "checkpoints" / "step_000002" / "COMPLETE").is_file()
 
 
 def test_sigint_finishes_the_step_saves_and_exits_130(tmp_path):

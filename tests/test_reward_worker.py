@@ -3,6 +3,7 @@
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 import ray
@@ -80,16 +81,17 @@ def test_weighted_sum_and_parts_per_function():
 @pytest.mark.parametrize(
     "texts,values,failed",
     [
-        (["ab", "boom", "c"], [-1.0] * 3, 3),  # raises: the whole batch fails
-        (["ab", "short", "c"], [-1.0] * 3, 3),  # one score too few: the whole batch fails
-        (["ab", "nan", "c"], [2.0, -1.0, 1.0], 1),  # NaN: that sample fails
+        (["ab", "boom", "c"], [-1.0] * 3, (3, "exception: RuntimeError: boom")),  # raises: the whole batch fails
+        (["ab", "short", "c"], [-1.0] * 3, (3, "exception: ValueError: returned 2 scores for 3 samples")),
+        (["ab", "nan", "c"], [2.0, -1.0, 1.0], (1, "non-finite: nan")),  # NaN: that sample fails
     ],
 )
 def test_a_failing_batched_reward_costs_its_batch_not_the_run(texts, values, failed):
     name = "reward_helpers:batched_length"
     reward = worker(name, f"{{name: '{name}'}}", failure_score=-1.0)
     [scored], failures = reward.score([group(texts)])
-    assert scored.reward_parts[name] == values and failures == {f"reward/{name}/failures": float(failed)}
+    assert scored.reward_parts[name] == values
+    assert failures == {f"reward/{name}/failures": float(failed[0]), f"reward/{name}/first_error": failed[1]}
     [scored], failures = reward.score([group(["xyz"])])
     assert scored.rewards == [3.0] and failures[f"reward/{name}/failures"] == 0.0
 
@@ -103,7 +105,8 @@ def test_an_inline_reward_runs_in_the_actor_and_a_failure_costs_its_sample():
     reward_helpers.PIDS.clear()
     [scored], failures = reward.score([group(["2.5", "two", "<answer>7</answer>"], answer="7")])
     assert scored.reward_parts == {name: [2.5, -1.0, -1.0], "exact_answer": [0.0, 0.0, 1.0]}
-    assert failures == {f"reward/{name}/failures": 2.0, "reward/exact_answer/failures": 0.0}
+    assert failures == {f"reward/{name}/failures": 2.0, "reward/exact_answer/failures": 0.0,
+                        f"reward/{name}/first_error": "exception: ValueError: could not convert string to float: 'two'"}
     assert reward_helpers.PIDS == {os.getpid()}
 
 
@@ -120,7 +123,21 @@ def test_async_rewards_run_concurrently_each_under_the_deadline():
     [scored], failures = reward.score([group(["0.3", "0.3", "0.3", "60", "x"])])
     assert time.monotonic() - start < 0.9  # together, not one after another
     assert scored.rewards == [0.3, 0.3, 0.3, 0.0, 0.0]
-    assert failures == {"reward/reward_helpers:async_sleep/failures": 2.0}  # the timeout and the ValueError
+    assert failures == {"reward/reward_helpers:async_sleep/failures": 2.0,  # the timeout and the ValueError
+                        "reward/reward_helpers:async_sleep/first_error": "timeout"}
+
+
+@pytest.mark.timeout(30)
+def test_an_async_reward_that_blocks_its_event_loop_still_meets_the_deadline():
+    """A sync sleep of 3 s in an async reward: asyncio.wait_for on that loop could not fire until
+    it returned; the coroutines run on a loop of their own, so each sample fails at 0.5 s (the
+    other one too: it waits behind the blocked loop)."""
+    name = "reward_helpers:async_blocks"
+    reward = worker(name, f"{{name: '{name}'}}", timeout_s=0.5)
+    start = time.monotonic()
+    [scored], failures = reward.score([group(["3", "0"])])
+    assert time.monotonic() - start < 2
+    assert failures == {f"reward/{name}/failures": 2.0, f"reward/{name}/first_error": "timeout"}
 
 
 def actor_pid(actor) -> int:
@@ -155,3 +172,29 @@ def test_a_restarted_reward_actor_keeps_the_sandbox(ray_cluster):
     finally:
         ray.get(actor.close.remote(), timeout=60)
         ray.kill(actor, no_restart=True)
+
+
+def test_a_batch_where_every_sample_failed_is_told_with_its_first_error():
+    """chunk_stats.every_sample_failed over a batch's chunks, and the message that ends the run
+    after trainer.max_bad_steps such steps (tests/test_recovery.py runs it end to end)."""
+    from grpo_dist.controller.errors import NOT_FINITE, TooManyBadSteps
+    from grpo_dist.reward.chunk_stats import every_sample_failed
+
+    stats = [{"completions": 4.0, "reward/f/failures": 4.0, "reward/f/first_error": "exception: boom",
+              "reward/g/failures": 0.0},
+             {"completions": 4.0, "reward/f/failures": 4.0, "reward/f/first_error": "timeout", "reward/g/failures": 1.0,
+              "reward/g/first_error": "timeout"}]
+    assert every_sample_failed([{}, {}], stats) == "reward function f failed on every sample (8), the first: " \
+                                                   "exception: boom"
+    stats[1]["reward/f/failures"] = 3.0
+    assert every_sample_failed([{}, {}], stats) is None  # one sample scored
+    infos = [{"env/episodes": 4.0, "env/failed": 4.0, "first_env_error": "reset: RuntimeError: two\nlines"},
+             {"env/episodes": 4.0, "env/failed": 4.0, "first_env_error": "step 1: later"}]
+    assert every_sample_failed(infos, stats) == "every episode failed (8), the first: reset: RuntimeError: two lines"
+    infos[1]["env/failed"] = 3.0
+    assert every_sample_failed(infos, stats) is None
+    failed = TooManyBadSteps.of(5, 3, "every episode failed (8), the first: x", Path("run/ckpt/policy"))
+    assert str(failed) == "steps 3-5 trained on nothing (trainer.max_bad_steps=3 in a row): every episode failed (8), " \
+                          "the first: x"
+    assert str(TooManyBadSteps.of(2, 2, NOT_FINITE, Path("p"))).startswith(
+        "steps 1-2 had a loss or gradient that is not finite (trainer.max_bad_steps=2 in a row; each was skipped)")

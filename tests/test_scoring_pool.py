@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from grpo_dist.reward.pool import ScoreOutcome, ScoringPool
+from grpo_dist.reward.pool import OUTPUT_LIMIT, ScoreOutcome, ScoringPool
 
 HELPERS = "scoring_helpers"
 
@@ -49,6 +49,57 @@ def test_non_finite_values_are_errors() -> None:
     errors = ["non-finite: nan", "non-finite: inf", "non-finite: -inf", None]
     assert [o.error for o in outcomes] == errors
     assert outcomes[3].value == 2.5
+
+
+@pytest.mark.timeout(60)
+def test_none_text_and_numbers_beyond_float32_are_errors() -> None:
+    """The learner's advantages are float32: a score beyond its range would be inf there."""
+    with ScoringPool(num_workers=1, timeout_s=5) as pool:
+        outcomes = pool.score(f"{HELPERS}:returns", [("p", c, {}) for c in
+                                                      ["none", "text", "numeric_text", "huge", "bool", "2.5"]])
+    assert outcomes == [ScoreOutcome(None, "not a number: NoneType 'None'"),
+                        ScoreOutcome(None, "not a number: str 'good'"), ScoreOutcome(None, "not a number: str '1.5'"),
+                        ScoreOutcome(None, "out of range: 1e+39 (beyond float32's 3.403e+38)"), ScoreOutcome(1.0),
+                        ScoreOutcome(2.5)]
+
+
+@pytest.mark.timeout(60)
+def test_a_scorer_that_prints_megabytes_still_scores_and_its_output_is_cut(capfd) -> None:
+    """4 MiB to stdout and to stderr per sample: each sample's first 64 KiB of each reach the
+    worker's output (the reward actor's log, streamed to the console), then one line says so."""
+    with ScoringPool(num_workers=1, timeout_s=5) as pool:
+        assert pool.score(f"{HELPERS}:prints", [("p", "c", {})] * 2) == [ScoreOutcome(1.0)] * 2
+    out, err = capfd.readouterr()
+    assert out.count("x") == err.count("y") == 2 * OUTPUT_LIMIT
+    assert out.count("[reward output cut at 65536 characters]") == err.count("[reward output cut at") == 2
+
+
+@pytest.mark.timeout(60)
+def test_a_scorer_that_forks_keeps_the_workers_pipe_and_what_it_leaves_ends_with_the_pool() -> None:
+    """A forked child that returns as its parent does must not answer on the worker's pipe (the
+    scores would shift); a child left sleeping dies with the pool (the worker's process group)."""
+    import psutil
+
+    with ScoringPool(num_workers=1, timeout_s=5) as pool:
+        outcomes = pool.score(f"{HELPERS}:forks", [("p", "a" * n, {}) for n in range(8)])
+        assert outcomes == [ScoreOutcome(float(n)) for n in range(8)]
+        assert pool.score(f"{HELPERS}:length", [("p", "abc", {})] * 3) == [ScoreOutcome(3.0)] * 3
+        [sleeper] = pool.score(f"{HELPERS}:leaves_a_sleeper", [("p", "c", {})])
+        assert psutil.pid_exists(int(sleeper.value))
+    deadline = time.monotonic() + 5
+    while not gone(int(sleeper.value)):
+        assert time.monotonic() < deadline, "the scorer's child outlived the pool"
+        time.sleep(0.05)
+
+
+def gone(pid: int) -> bool:
+    """No such process, or one that has exited and waits to be reaped."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 @pytest.mark.timeout(60)

@@ -7,6 +7,8 @@ start, and nothing was started or written.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from grpo_dist.waits import CallTimeout
 from grpo_dist.weights.errors import WeightSyncError
 
@@ -23,8 +25,22 @@ class LearnerLost(RunFailed):
     """The learner's process died: its state is gone, so the run ends (the learner is never restarted)."""
 
 
+NOT_FINITE = "a loss or gradient that is not finite (the step was skipped)"
+
+
 class TooManyBadSteps(RunFailed):
-    """trainer.max_bad_steps steps in a row had a non-finite loss or gradient."""
+    """trainer.max_bad_steps steps in a row trained on nothing: a non-finite loss or gradient, or
+    every sample failed (every episode, or one reward function on every completion)."""
+
+    @classmethod
+    def of(cls, step: int, max_bad_steps: int, first: str | None, weights: Path) -> TooManyBadSteps:
+        """The error after step `step`, the last of the run of bad steps; `first`: why the first was bad."""
+        steps = f"steps {step - max_bad_steps + 1}-{step}"
+        if first is None or first == NOT_FINITE:
+            return cls(f"{steps} had a loss or gradient that is not finite (trainer.max_bad_steps={max_bad_steps} "
+                       f"in a row; each was skipped); the last good weights are in {weights}: start from them "
+                       "(model.path) with a lower algo.lr or algo.max_grad_norm")
+        return cls(f"{steps} trained on nothing (trainer.max_bad_steps={max_bad_steps} in a row): {first}")
 
 
 class ActorGone(RunFailed):

@@ -51,7 +51,7 @@ from grpo_dist.controller.actors import Actors, LearnerWatch
 from grpo_dist.controller.checkpoints import (Checkpoint, CheckpointError, TrainerState, check_shared_storage,
                                               save_checkpoint)
 from grpo_dist.controller.dynamic import DynamicSampling
-from grpo_dist.controller.errors import RunFailed, TooManyBadSteps
+from grpo_dist.controller.errors import NOT_FINITE, RunFailed, TooManyBadSteps
 from grpo_dist.controller.overlap import LearnerFeed
 from grpo_dist.controller.pipeline import Batch, RolloutPipeline
 from grpo_dist.controller.publish import WeightPublisher
@@ -116,6 +116,8 @@ class Trainer:
         self.in_flight: deque[Batch] = deque()  # submitted batches not yet handed to the learner
         self.submitted = self.first_step - 1  # the last step whose batch was submitted
         self.last_group_refs: list[ray.ObjectRef] = []  # the latest batch's scored groups (for sample logs)
+        self.failure: str | None = None  # what failed on every sample of the latest batch (ScoredBatch.failure)
+        self.first_bad: str | None = None  # why the first of the bad steps in a row was bad
         self.step_clock: float | None = None  # when the current step began (the previous one ended)
         self.stop_signal: int | None = None  # the first SIGINT/SIGTERM received
         self.saved: tuple[int, Path] | None = None  # the step and path of the latest checkpoint
@@ -279,7 +281,9 @@ class Trainer:
             if trainer.eval_every and step % trainer.eval_every == 0 and step < trainer.steps:
                 self.evaluate(step, log)
                 self.step_clock = time.perf_counter()  # a step's time leaves the evaluation out
-            self.counters[BAD_STEPS] = self.counters[BAD_STEPS] + 1 if metrics.get("policy/step_skipped") else 0
+            why = self.failure or (NOT_FINITE if metrics.get("policy/step_skipped") else None)
+            self.counters[BAD_STEPS] = self.counters[BAD_STEPS] + 1 if why else 0
+            self.first_bad = why if self.counters[BAD_STEPS] == 1 else self.first_bad or why
             out_of_time = bool(trainer.max_wall_seconds) and time.time() - started > trainer.max_wall_seconds
             bad = self.counters[BAD_STEPS] >= trainer.max_bad_steps
             every = trainer.checkpoint_every and step % trainer.checkpoint_every == 0
@@ -287,11 +291,7 @@ class Trainer:
                 with self.timeline.phase("checkpoint"):
                     self.save(step)
             if bad:
-                raise TooManyBadSteps(
-                    f"steps {step - trainer.max_bad_steps + 1}-{step} had a loss or gradient that is not finite "
-                    f"(trainer.max_bad_steps={trainer.max_bad_steps} in a row; each was skipped); the last good "
-                    f"weights are in {self.saved[1] / 'policy'}: start from them (model.path) with a lower algo.lr "
-                    "or algo.max_grad_norm")
+                raise TooManyBadSteps.of(step, trainer.max_bad_steps, self.first_bad, self.saved[1] / "policy")
             if out_of_time:
                 log.note(f"stopping after {step} steps: max_wall_seconds={trainer.max_wall_seconds} reached")
                 break
@@ -314,7 +314,7 @@ class Trainer:
         scored = self.collector.collect(batch, self.version)
         self.supervisor.verify_through(max(scored.versions))  # the weights that sampled it had arrived
         depth = self.pipeline.buffer_depth([batch, *self.in_flight], self.config.rollout.prompts_per_step)
-        self.last_group_refs = scored.group_refs
+        self.last_group_refs, self.failure = scored.group_refs, scored.failure
         result = None  # dynamic sampling may find no informative group: no update, no new version, no push
         if scored.group_refs:
             result = self.feed.train(scored)

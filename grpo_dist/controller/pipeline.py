@@ -48,7 +48,7 @@ import ray
 
 from grpo_dist.controller.recovery import Supervisor
 from grpo_dist.env.runner import env_metrics
-from grpo_dist.reward.chunk_stats import batch_metrics
+from grpo_dist.reward.chunk_stats import batch_metrics, every_sample_failed
 from grpo_dist.seeding import prompt_seed
 from grpo_dist.types import Prompt, SamplingSettings
 from grpo_dist.waits import ActorLost, CallTimeout, ObjectLost, fetch_each, first_line
@@ -128,6 +128,7 @@ class ScoredBatch:
     generate_busy_s: float  # engine seconds spent generating the batch, all workers together
     infos: list[dict[str, float]]  # one per chunk (generate_chunk)
     max_groups: int | None = None  # train on the first max_groups groups of `groups` (None: all)
+    failure: str | None = None  # what failed on every sample, with its first error (chunk_stats.every_sample_failed)
 
 
 class RolloutPipeline:
@@ -279,7 +280,8 @@ class RolloutPipeline:
             **env_metrics(infos),
         }
         busy = sum(info["generate_s"] for info in infos)
-        return ScoredBatch([chunk.scored for chunk in batch.chunks], stats, versions, metrics, busy, infos)
+        return ScoredBatch([chunk.scored for chunk in batch.chunks], stats, versions, metrics, busy, infos,
+                           failure=every_sample_failed(infos, stats))
 
     @staticmethod
     def staleness(batch: Batch, versions: list[int], learner_version: int) -> dict[str, float]:

@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Union
 
+from grpo_dist.coroutines import CoroutineLoop
+
 Message = dict[str, str]
 Observation = Union[list[Message], str]
 
@@ -31,12 +33,12 @@ class EnvError(RuntimeError):
 class Step:
     """What the environment answers to one reply.
 
-    `observation`: messages (chat) or text to append before the model's next turn (empty
-    when `done`); `reward`: this step's reward, summed into the episode's (None: 0);
+    `observation`: messages (chat) or text to append before the model's next turn (empty or
+    None when `done`: nothing is appended after the last turn); `reward`: this step's reward, summed into the episode's (None: 0);
     `done`: the episode is over; `info`: recorded with the episode and given to rewards.
     """
 
-    observation: Observation = ""
+    observation: Observation | None = ""
     reward: float | None = None
     done: bool = False
     info: dict[str, Any] = field(default_factory=dict)
@@ -62,12 +64,16 @@ class Environment:
         raise NotImplementedError
 
 
-async def call(method: Any, *args: Any) -> Any:
-    """`method(*args)`, awaited when it is a coroutine function. A sync one runs on a thread of
-    `_THREADS`, so that a slow step does not hold up the other episodes' steps, and one that
-    hangs past its deadline is abandoned without keeping the process from exiting."""
+async def call(method: Any, *args: Any, coroutines: CoroutineLoop | None = None) -> Any:
+    """`method(*args)`, awaited when it is a coroutine function: on `coroutines` when given (a
+    loop of another thread), so that a caller's deadline fires even when the environment blocks
+    that loop with a sync call. A sync one runs on a thread of `_THREADS`, so that a slow
+    step does not hold up the other episodes' steps, and one that hangs past its deadline is
+    abandoned without keeping the process from exiting."""
     if inspect.iscoroutinefunction(method):
-        return await method(*args)
+        if coroutines is None:
+            return await method(*args)
+        return await coroutines.run(method(*args))
     loop = asyncio.get_running_loop()
     future = loop.create_future()
 
@@ -146,8 +152,8 @@ def check_opening(value: Any) -> Observation:
 
 
 def check_step(value: Any) -> Step:
-    """step()'s answer, checked: a Step with an observation of the right kind (unless done), a
-    finite reward or None, a bool done and a dict info."""
+    """step()'s answer, checked: a Step with an observation of the right kind (unless done: then
+    None or empty is nothing to append), a finite reward or None, a bool done and a dict info."""
     if not isinstance(value, Step):
         raise EnvError(f"step() must return a Step, got {type(value).__name__}")
     if not isinstance(value.done, bool):
@@ -157,8 +163,10 @@ def check_step(value: Any) -> Step:
         raise EnvError(f"Step.reward must be a finite number or None, got {value.reward!r}")
     if not isinstance(value.info, dict):
         raise EnvError(f"Step.info must be a dict, got {type(value.info).__name__}")
-    observation = value.observation if isinstance(value.observation, str) else check_messages(
-        value.observation, "Step.observation")
+    if value.observation is None and not value.done:
+        raise EnvError("Step.observation is None but the episode is not done")
+    observation = "" if value.observation is None else value.observation if isinstance(
+        value.observation, str) else check_messages(value.observation, "Step.observation")
     if not value.done and not observation:
         raise EnvError("Step.observation is empty but the episode is not done")
     return Step(observation=observation, reward=None if value.reward is None else float(value.reward),

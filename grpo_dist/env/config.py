@@ -23,7 +23,9 @@ class EnvConfig(Section):
     waves: int = Field(1, ge=1, description="the episodes of a chunk split into this many fixed waves that take "
                        "turns on the engine, one wave's environment steps running while another generates; 1: "
                        "every active episode in one engine call per round (largest batches, steps not overlapped)")
-    step_timeout_s: float = Field(30.0, gt=0, description="deadline of one reset or step; past it the episode fails")
+    step_timeout_s: float = Field(30.0, gt=0, description="deadline of one reset or step (sync or async, even one "
+                                  "that blocks its event loop); past it the episode fails. step_timeout_s x "
+                                  "(max_turns + 1) must be less than trainer.call_timeout_s")
     history: Literal["append", "per_turn"] = Field(
         "append", description="append: one sample per episode, the turns appended token for token (a template "
         "that rewrites history ends the episode: history_rewritten); per_turn: one sample per turn, each "
@@ -60,3 +62,18 @@ def check_training_env(env: EnvConfig | None, reward_names: list[str], aggregati
     if overlong:
         raise ValueError("algo.overlong_buffer's length penalty is of rollout.max_new_tokens, one turn's limit, not "
                          "an episode's: set algo.overlong_buffer=null with env (max_episode_tokens ends long episodes)")
+
+
+def check_env_deadlines(env: EnvConfig | None, call_timeout_s: float) -> None:
+    """A rollout call plays whole episodes: their reset and steps, each waited for at most
+    env.step_timeout_s, must end well within trainer.call_timeout_s (the bound on that call, past
+    which the worker counts as hung), leaving time to generate; env=None passes."""
+    if env is None:
+        return
+    calls_s = env.step_timeout_s * (env.max_turns + 1)
+    if calls_s >= call_timeout_s:
+        raise ValueError(
+            f"env.step_timeout_s={env.step_timeout_s:g} x (env.max_turns={env.max_turns} steps + 1 reset) = "
+            f"{calls_s:g} s of environment calls per episode, not less than trainer.call_timeout_s={call_timeout_s:g} "
+            "(the bound on a rollout call, generation included): lower env.step_timeout_s or env.max_turns, or "
+            "raise trainer.call_timeout_s")

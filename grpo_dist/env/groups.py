@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from grpo_dist.env.runner import Episode
-from grpo_dist.env.trajectory import MAX_EPISODE_TOKENS
+from grpo_dist.env.trajectory import MAX_EPISODE_TOKENS, Sample
 from grpo_dist.types import Completion, Group, Prompt
 
 
@@ -25,12 +25,17 @@ def episode_groups(prompts: list[Prompt], played: list[list[Episode]], version: 
             if episode.error is None and trajectory is not None and trajectory.prompt_ids[: len(shared)] != shared:
                 episode.error = "its opening shares no token with the other episodes' of this row"
         groups.append(Group(prompt_index=prompt.index, row=prompt.row, prompt=prompt.text, prompt_ids=shared,
-                            completions=[_completion(e, len(shared)) for e in episodes], policy_version=version))
+                            completions=[_completion(e, shared) for e in episodes], policy_version=version))
     return groups
 
 
-def _completion(episode: Episode, shared: int) -> Completion:
-    samples, record = episode.samples(), _record(episode)
+def _completion(episode: Episode, shared_ids: list[int]) -> Completion:
+    """An episode whose reset failed has no tokens: it gets one (the prompt's last, loss mask 0),
+    so that a chunk of such episodes is a batch the learner can run, training on nothing."""
+    samples, record, shared = episode.samples(), _record(episode), len(shared_ids)
+    if not samples:
+        samples = [Sample(ids=shared_ids + shared_ids[-1:], loss_mask=[0] * (shared + 1),
+                          logprobs=[0.0] * (shared + 1), prompt_len=shared)]
     text = episode.replies[-1] if episode.replies else ""
     finish = "length" if episode.stop_reason == MAX_EPISODE_TOKENS else "stop"
     if episode.trajectory is not None and episode.trajectory.history == "per_turn":

@@ -5,7 +5,8 @@ Environment instance each, in rounds: one engine call samples the next reply of 
 active episode (one call, so one policy version; every turn of an episode is on this
 engine), then the round's environment steps run concurrently, at most env.concurrency at
 once, each under env.step_timeout_s, on an event loop of their own (`EnvLoop`), never on
-the engine's thread. With env.waves = W > 1 the episodes are split into W fixed waves that
+the engine's thread; an async environment's own coroutines run on a second loop, so that
+one which blocks it with a sync call still meets its deadline. With env.waves = W > 1 the episodes are split into W fixed waves that
 take turns on the engine: while one wave generates, the others' steps run, so environment
 latency hides behind generation. A wave's membership never depends on timing, so every call
 serves the same episodes in every run (the engines' numbers depend on the batch). An
@@ -27,6 +28,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from grpo_dist.coroutines import CoroutineLoop
 from grpo_dist.env.base import Environment, EnvError, call, check_opening, check_step, solved_turn
 from grpo_dist.env.config import EnvConfig
 from grpo_dist.env.registry import load_environment
@@ -101,9 +103,9 @@ class EpisodeRunner:
     def _play(self, rows: list[dict[str, Any]], sampling: SamplingSettings, seeds: list[int],
               env_loop: EnvLoop) -> list[list[Episode]]:
         """The engine calls, on this thread; every environment call on `env_loop`'s."""
-        limit = asyncio.Semaphore(self.env.concurrency)
+        calls = Calls(asyncio.Semaphore(self.env.concurrency), env_loop.coroutines)
         episodes = [Episode(i, j, completion_seed(seed, j)) for i, seed in enumerate(seeds) for j in range(sampling.n)]
-        settle([env_loop.submit(self._reset(episode, rows[episode.row_index], limit)) for episode in episodes])
+        settle([env_loop.submit(self._reset(episode, rows[episode.row_index], calls)) for episode in episodes])
         waves = split(episodes, self.env.waves)
         stepping: list[list[Future]] = [[] for _ in waves]  # each wave's environment steps in flight
         one = replace(sampling, n=1)
@@ -120,27 +122,27 @@ class EpisodeRunner:
                 for episode, (completion,) in zip(active, outputs):
                     episode.replies.append(episode.trajectory.add_reply(  # type: ignore[union-attr]
                         completion.token_ids, completion.logprobs, completion.finish_reason))
-                in_flight += [env_loop.submit(self._step(e, limit, last)) for e in active if e.active]
+                in_flight += [env_loop.submit(self._step(e, calls, last)) for e in active if e.active]
         for in_flight in stepping:
             settle(in_flight)
         return [episodes[i : i + sampling.n] for i in range(0, len(episodes), sampling.n)]
 
-    async def _reset(self, episode: Episode, row: dict[str, Any], limit: asyncio.Semaphore) -> None:
+    async def _reset(self, episode: Episode, row: dict[str, Any], calls: Calls) -> None:
         try:
             episode.env = self.env_class(**self.env.kwargs)
             episode.env.seed = episode.seed
-            opening = check_opening(await self._timed(episode, limit, episode.env.reset, row))
+            opening = check_opening(await self._timed(episode, calls, episode.env.reset, row))
             episode.trajectory = Trajectory(self.renderer, opening, self.env.max_episode_tokens,
                                             self.env.max_observation_tokens, self.env.history)
         except Exception as exc:  # noqa: BLE001 - whatever the environment did, it costs this episode only
             episode.error = f"reset: {_describe(exc)}"
 
-    async def _step(self, episode: Episode, limit: asyncio.Semaphore, last: bool) -> None:
+    async def _step(self, episode: Episode, calls: Calls, last: bool) -> None:
         """The environment's answer to the episode's last reply, appended unless the episode ends."""
         env, trajectory = episode.env, episode.trajectory
         assert env is not None and trajectory is not None
         try:
-            step = check_step(await self._timed(episode, limit, env.step, episode.replies[-1]))
+            step = check_step(await self._timed(episode, calls, env.step, episode.replies[-1]))
             episode.step_rewards.append(step.reward or 0.0)
             episode.infos.append(step.info)
             if step.done:
@@ -152,12 +154,13 @@ class EpisodeRunner:
         except Exception as exc:  # noqa: BLE001
             episode.error = f"step {episode.turns}: {_describe(exc)}"
 
-    async def _timed(self, episode: Episode, limit: asyncio.Semaphore, method: Any, *args: Any) -> Any:
+    async def _timed(self, episode: Episode, calls: Calls, method: Any, *args: Any) -> Any:
         """`method(*args)` under the concurrency limit and env.step_timeout_s, its time counted."""
-        async with limit:
+        async with calls.limit:
             started = time.perf_counter()
             try:
-                return await asyncio.wait_for(call(method, *args), self.env.step_timeout_s)
+                return await asyncio.wait_for(call(method, *args, coroutines=calls.coroutines),
+                                              self.env.step_timeout_s)
             except asyncio.TimeoutError:
                 raise EnvError(f"no answer within env.step_timeout_s={self.env.step_timeout_s}") from None
             finally:
@@ -168,15 +171,27 @@ def _describe(exc: Exception) -> str:
     return str(exc) if isinstance(exc, EnvError) else f"{type(exc).__name__}: {exc}"
 
 
+@dataclass(frozen=True)
+class Calls:
+    """How one `run` makes its environment calls: at most env.concurrency at once, an async
+    environment's coroutines on the loop `coroutines`."""
+
+    limit: asyncio.Semaphore
+    coroutines: CoroutineLoop
+
+
 class EnvLoop:
     """An event loop on a daemon thread of its own, where the environment calls of one `run` are
-    awaited, so that they run while the engine's thread generates (and a hung call, abandoned
-    at its deadline, never holds up the engine or the process's exit)."""
+    awaited under their deadlines, so that they run while the engine's thread generates (and a
+    hung call, abandoned at its deadline, never holds up the engine or the process's exit); and
+    `coroutines`, where async environments' methods run (coroutines.py): one that blocks it (a
+    sync sleep) delays the other async episodes, never the deadlines."""
 
     def __enter__(self) -> EnvLoop:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="env-loop")
         self.thread.start()
+        self.coroutines = CoroutineLoop("env-coroutines")
         return self
 
     def submit(self, coroutine: Coroutine[Any, Any, None]) -> Future:
@@ -186,6 +201,7 @@ class EnvLoop:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join()
         self.loop.close()
+        self.coroutines.stop()
 
 
 def settle(futures: list[Future]) -> None:
@@ -204,8 +220,10 @@ def split(episodes: list[Episode], waves: int) -> list[list[Episode]]:
     return [episodes[bounds[w] : bounds[w + 1]] for w in range(waves)]
 
 
-def episode_sums(episodes: list[Episode]) -> dict[str, float]:
-    """Counts and sums of some episodes, which add up across chunks (`env_metrics` of them)."""
+def episode_sums(episodes: list[Episode]) -> dict[str, Any]:
+    """Counts and sums of some episodes, which add up across chunks (`env_metrics` of them), and
+    the first failed episode's error (`first_env_error`, when one failed)."""
+    errors = [e.error for e in episodes if e.error is not None]
     truncated = sum(e.trajectory.observations_truncated for e in episodes if e.trajectory is not None)
     solved = [turn for turn in (solved_turn(e.infos) for e in episodes) if turn is not None]
     return {
@@ -215,7 +233,8 @@ def episode_sums(episodes: list[Episode]) -> dict[str, float]:
         **{f"env/stop_reasons/{reason}": float(count)
            for reason, count in sorted(Counter(e.stop_reason for e in episodes).items())},
         "env/observation_truncated": float(truncated),
-        "env/failed": float(sum(e.error is not None for e in episodes)),
+        "env/failed": float(len(errors)),
+        **({"first_env_error": errors[0]} if errors else {}),
         "env/step_s": sum(e.step_s for e in episodes),
         **({"env/judged": float(len(solved)), "env/solved_sum": float(sum(t >= 1 for t in solved)),
             "env/solved_after_turn1_sum": float(sum(t >= 2 for t in solved))} if solved else {}),

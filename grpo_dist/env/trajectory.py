@@ -17,6 +17,7 @@ template (what the engine is then given, mask 0) and that turn's reply (mask 1).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -65,12 +66,15 @@ class Trajectory:
         if self.renderer.chat:
             self.messages = [{"role": "user", "content": self.opening}] if isinstance(self.opening, str) \
                 else list(self.opening)
-            ids = self.renderer.opening_ids(self.messages)
-            self._seen = self.renderer.render(self.messages, generation_prompt=True)
+            self._seen = text = self.renderer.render(self.messages, generation_prompt=True)
         elif isinstance(self.opening, str):
-            ids = self.renderer.opening_ids(self.opening)
+            text = self.opening
         else:
             raise EnvError("reset() returned messages, but the model has no chat template: return a prompt string")
+        # a huge opening is refused from a prefix (encoding megabytes takes a minute and gigabytes)
+        if len(text) > 8 * self.max_episode_tokens and head_ids(self.renderer.encode, text, self.max_episode_tokens)[1]:
+            raise EnvError(f"the opening is more than env.max_episode_tokens={self.max_episode_tokens} tokens")
+        ids = self.renderer.opening_ids(self.messages if self.renderer.chat else text)  # type: ignore[arg-type]
         if len(ids) >= self.max_episode_tokens:
             raise EnvError(f"the opening is {len(ids)} tokens, env.max_episode_tokens={self.max_episode_tokens}")
         self.samples.append(Sample(ids, [0] * len(ids), [0.0] * len(ids), len(ids)))
@@ -171,17 +175,28 @@ class Trajectory:
         messages = [{"role": "user", "content": observation}] if isinstance(observation, str) else observation
         budget, kept = self.max_observation_tokens, []
         for message in messages:
-            ids = self.renderer.encode(message["content"])
-            content = message["content"] if len(ids) <= budget else self.renderer.decode(ids[: max(budget, 0)])
-            budget -= min(len(ids), max(budget, 0))
-            kept.append({**message, "content": content})
+            ids, cut = head_ids(self.renderer.encode, message["content"], budget)
+            kept.append({**message, "content": self.renderer.decode(ids) if cut else message["content"]})
+            budget -= len(ids)
         self.observations_truncated += int(kept != list(messages))
         return kept
 
     def _truncated(self, text: str) -> str:
         """`text` cut to env.max_observation_tokens tokens; counted when cut."""
-        ids = self.renderer.encode(text)
-        if len(ids) <= self.max_observation_tokens:
+        ids, cut = head_ids(self.renderer.encode, text, self.max_observation_tokens)
+        if not cut:
             return text
         self.observations_truncated += 1
-        return self.renderer.decode(ids[: self.max_observation_tokens])
+        return self.renderer.decode(ids)
+
+
+def head_ids(encode: Callable[[str], list[int]], text: str, budget: int) -> tuple[list[int], bool]:
+    """The first `budget` token ids of `text`, and whether it has more. Only a prefix a few times
+    `budget` characters long is encoded (a megabyte observation costs what a short one does); the
+    prefix is cut well past the last id kept, so the ids are those of the whole text."""
+    chars = max(64, 8 * budget)
+    while True:
+        ids = encode(text[:chars])
+        if chars >= len(text) or len(ids) > budget + 16:
+            return ids[: max(budget, 0)], len(ids) > budget
+        chars *= 4

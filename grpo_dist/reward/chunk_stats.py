@@ -13,6 +13,7 @@ from grpo_dist.env.base import solved_turn
 from grpo_dist.types import Group
 
 FAILURES = "/failures"
+FIRST_ERROR = "/first_error"  # a reward function's first error in a chunk (a text)
 PART_SUM = "/sum"
 
 
@@ -56,12 +57,35 @@ def per_group(groups: list[Group], accuracy_from: str) -> dict[str, list[float]]
 
 
 def add(summaries: list[dict[str, float]]) -> dict[str, float]:
-    """Key-wise sum of several chunks' summaries."""
+    """Key-wise sum of several chunks' summaries (of a text, such as a first error: the first)."""
     total: dict[str, float] = {}
     for summary in summaries:
         for key, value in summary.items():
-            total[key] = total.get(key, 0.0) + value
+            total[key] = total.setdefault(key, value) if isinstance(value, str) else total.get(key, 0.0) + value
     return total
+
+
+def every_sample_failed(infos: list[dict[str, float]], stats: list[dict[str, float]]) -> str | None:
+    """What failed on every sample of a batch, with its first error, from its chunks' generation
+    infos and scoring stats: every episode, or one reward function on every completion; None when
+    something scored (a batch like this trains on nothing: trainer.max_bad_steps counts it)."""
+    episodes, failed = (sum(info.get(key, 0.0) for info in infos) for key in ("env/episodes", "env/failed"))
+    if episodes and failed == episodes:
+        first = next(info["first_env_error"] for info in infos if "first_env_error" in info)
+        return f"every episode failed ({episodes:.0f}), the first: {one_line(first)}"
+    total = add(stats)
+    for key, value in total.items():
+        if key.endswith(FAILURES) and value == total["completions"] > 0:
+            name = key.removeprefix("reward/").removesuffix(FAILURES)
+            return (f"reward function {name} failed on every sample ({value:.0f}), the first: "
+                    f"{one_line(str(total.get(f'reward/{name}{FIRST_ERROR}')))}")
+    return None
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    """`text` on one line (whitespace runs as one space), cut to `limit` characters."""
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def batch_metrics(summaries: list[dict[str, float]]) -> dict[str, float]:

@@ -15,8 +15,12 @@ hangs or kills its worker go back in the queue for the next worker.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import io
 import math
+import os
+import signal
 import multiprocessing
 import sys
 import threading
@@ -34,6 +38,8 @@ _STOP_GRACE_S = 1.0
 _RUNS_PER_WORKER = 4  # each worker's share of the queue is handed out in about this many runs
 
 Item = tuple[str, str, dict[str, Any]]
+FLOAT32_MAX = 3.4028234663852886e38
+OUTPUT_LIMIT = 65536  # characters a scorer may print (stdout and stderr each) per sample; the rest is dropped
 
 
 @dataclass(frozen=True)
@@ -62,10 +68,16 @@ def call_outcome(fn: Callable[..., Any], item: Item) -> ScoreOutcome:
 
 
 def value_outcome(result: Any) -> ScoreOutcome:
-    """A scorer's result as an outcome: a finite float, else an error (float() may raise)."""
+    """A scorer's result as an outcome: a finite float within float32's range (the learner's
+    advantages are float32: a larger score would be inf there), else an error; None and text
+    are not scores (float() may raise on anything else)."""
+    if result is None or isinstance(result, (str, bytes)):
+        return ScoreOutcome(None, f"not a number: {type(result).__name__} {str(result)[:40]!r}")
     value = float(result)
     if not math.isfinite(value):
         return ScoreOutcome(None, f"non-finite: {value}")
+    if abs(value) > FLOAT32_MAX:
+        return ScoreOutcome(None, f"out of range: {value:g} (beyond float32's {FLOAT32_MAX:.4g})")
     return ScoreOutcome(value)
 
 
@@ -77,6 +89,10 @@ def _worker_main(conn: Connection, sys_path: list[str]) -> None:
     """Serve (fn_spec, [(index, item), ...]) requests until a None arrives: each item is
     reported as started, then done with its outcome."""
     sys.path[:] = sys_path
+    os.setpgrp()  # what a scorer starts is in this worker's group, killed with it (ScoringPool._stop)
+    worker = os.getpid()
+    outputs = [CappedOutput(sys.stdout, OUTPUT_LIMIT), CappedOutput(sys.stderr, OUTPUT_LIMIT)]
+    sys.stdout, sys.stderr = outputs  # (the reward actor's log, which Ray streams to the console)
     functions: dict[str, Callable[..., Any]] = {}
     while (request := conn.recv()) is not None:
         fn_spec, run = request
@@ -88,7 +104,37 @@ def _worker_main(conn: Connection, sys_path: list[str]) -> None:
                 conn.send(("done", index, exception_outcome(exc)))
                 continue
             conn.send(("started", index, None))
-            conn.send(("done", index, call_outcome(functions[fn_spec], item)))
+            for output in outputs:
+                output.reset()
+            outcome = call_outcome(functions[fn_spec], item)
+            if os.getpid() != worker:  # the child of a scorer that forked: the pipe is the worker's
+                os._exit(0)
+            conn.send(("done", index, outcome))
+
+
+class CappedOutput(io.TextIOBase):
+    """A text stream that passes on the first `limit` characters written since `reset`, then says
+    once that it cut the rest (a scorer that prints megabytes would flood the console)."""
+
+    def __init__(self, stream: Any, limit: int) -> None:
+        self.stream, self.limit = stream, limit
+        self.reset()
+
+    def reset(self) -> None:
+        self.written, self.cut = 0, False
+
+    def write(self, text: str) -> int:
+        room = self.limit - self.written
+        if room > 0:
+            self.stream.write(text[:room])
+        if len(text) > room and not self.cut:
+            self.stream.write(f"\n[reward output cut at {self.limit} characters]\n")
+            self.cut = True
+        self.written += len(text)
+        return len(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
 
 
 @dataclass
@@ -217,7 +263,8 @@ class ScoringPool:
 
     @staticmethod
     def _stop(worker: _Worker, grace_s: float) -> None:
-        """Wait `grace_s` for the process to exit, then terminate, then kill."""
+        """Wait `grace_s` for the process to exit, then terminate, then kill; then kill what its
+        scorers started and left in its process group."""
         worker.process.join(grace_s)
         if worker.process.is_alive():
             worker.process.terminate()
@@ -225,5 +272,7 @@ class ScoringPool:
         if worker.process.is_alive():
             worker.process.kill()
             worker.process.join()
+        with contextlib.suppress(ProcessLookupError, PermissionError):  # (none left: the group is gone)
+            os.killpg(worker.process.pid, signal.SIGKILL)
         worker.conn.close()
         worker.process.close()

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from grpo_dist.config import RewardConfig, RewardFunctionConfig
-from grpo_dist.reward.chunk_stats import informative, per_group, summarize
+from grpo_dist.coroutines import CoroutineLoop
+from grpo_dist.reward.chunk_stats import FAILURES, FIRST_ERROR, informative, per_group, summarize
 from grpo_dist.reward.pool import ScoreOutcome, ScoringPool, call_outcome, exception_outcome, value_outcome
 from grpo_dist.reward.registry import (
     COMPLETION_TOKENS,
@@ -81,11 +82,13 @@ class RewardWorker:
         ]
         totals = [0.0] * len(samples)
         parts: dict[str, list[float]] = {}
-        failures: dict[str, float] = {}
+        failures: dict[str, Any] = {}
         for function in self.config.functions:
             outcomes = self.outcomes(function, samples)
             values = [self.config.failure_score if o.error else o.value for o in outcomes]
-            failures[f"reward/{function.name}/failures"] = float(sum(o.error is not None for o in outcomes))
+            errors = [o.error for o in outcomes if o.error is not None]
+            failures[f"reward/{function.name}{FAILURES}"] = float(len(errors))
+            failures.update({f"reward/{function.name}{FIRST_ERROR}": errors[0]} if errors else {})
             parts[function.name] = values
             totals = [total + function.weight * value for total, value in zip(totals, values)]
         start = 0
@@ -127,7 +130,11 @@ class RewardWorker:
         if kind == "inline":
             return [call_outcome(reward, (s.prompt, s.completion, k)) for s, k in zip(samples, keywords)]
         if kind == "async":
-            return asyncio.run(_await_each(reward, samples, keywords, self.config.timeout_s))
+            coroutines = CoroutineLoop("reward-coroutines")
+            try:
+                return asyncio.run(_await_each(reward, samples, keywords, self.config.timeout_s, coroutines))
+            finally:
+                coroutines.stop()
         assert self.pool is not None
         items = [(s.prompt, s.completion, k) for s, k in zip(samples, keywords)]
         return self.pool.score(reward_spec(function.name), items)
@@ -174,14 +181,15 @@ def _safe_outcome(value: Any) -> ScoreOutcome:
         return exception_outcome(exc)
 
 
-async def _await_each(
-    reward: Reward, samples: list[Sample], keywords: list[dict[str, Any]], timeout_s: float
-) -> list[ScoreOutcome]:
-    """Await an async reward on every sample concurrently, each under `timeout_s`."""
+async def _await_each(reward: Reward, samples: list[Sample], keywords: list[dict[str, Any]], timeout_s: float,
+                      coroutines: CoroutineLoop) -> list[ScoreOutcome]:
+    """Await an async reward on every sample concurrently, each under `timeout_s`; the reward's
+    coroutines run on `coroutines`, so that a deadline fires even when one blocks its loop."""
 
     async def one(sample: Sample, keyword: dict[str, Any]) -> ScoreOutcome:
         try:
-            return value_outcome(await asyncio.wait_for(reward(sample.prompt, sample.completion, **keyword), timeout_s))
+            scored = coroutines.run(reward(sample.prompt, sample.completion, **keyword))
+            return value_outcome(await asyncio.wait_for(scored, timeout_s))
         except TimeoutError:
             return ScoreOutcome(None, "timeout")
         except Exception as exc:
