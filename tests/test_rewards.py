@@ -90,7 +90,8 @@ def test_math_answer_works_off_the_main_thread():
 def test_a_hanging_verifier_costs_a_timeout_and_the_pool_keeps_working():
     spec = BUILTIN_REWARDS["math_answer"]
     with ScoringPool(num_workers=1, timeout_s=1.0) as pool:
-        assert pool.score(spec, [("p", r"\boxed{1/2}", {"answer": "0.5"})]) == [ScoreOutcome(1.0)]  # warm
+        warm = [pool.score(spec, [("p", r"\boxed{1/2}", {"answer": "0.5"})]) for _ in range(3)]  # the first
+        assert warm[-1] == [ScoreOutcome(1.0)]  # may time out importing math_verify on a busy machine
         start = time.monotonic()
         [hung] = pool.score(spec, [("p", HANGING_ANSWER, {"answer": "1"})])
         assert hung == ScoreOutcome(None, "timeout") and time.monotonic() - start < 1.0 + 1.0
