@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -27,19 +26,10 @@ from pathlib import Path
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+from faults import session_processes as session  # noqa: E402  (the tests' own: a run's processes)
+
 FAULTS = ("rollout/restarts", "rollout/retries", "rollout/hangs", "reward/restarts", "reward/retries", "reward/hangs")
-
-
-def session(leader: int) -> list[psutil.Process]:
-    """The live processes of the session `leader` started."""
-    found = []
-    for process in psutil.process_iter():
-        try:
-            if os.getsid(process.pid) == leader:
-                found.append(process)
-        except (ProcessLookupError, PermissionError):
-            pass
-    return found
 
 
 def name_of(process: psutil.Process) -> str:

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from grpo_dist.config import vllm_installed
-from runs import ROOT, finish, start, train_records
-from test_resume import kill_9_after, max_weight_difference
+from runs import ROOT, train_records
+from test_resume import max_weight_difference, straight_and_resumed
 
 pytestmark = pytest.mark.slow
 
@@ -37,16 +37,10 @@ def trained(run_dir: Path) -> list[dict]:
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_a_resumed_run_ends_bit_for_bit_where_the_straight_run_does(variant, tmp_path):
-    args = [*variant, *SHORT, f"trainer.output_dir={tmp_path}"]
-    code, output = finish(start(*args, "trainer.run_name=straight"))
-    assert code == 0, output[-3000:]
-    kill_9_after(2, tmp_path / "resumed", *args)
-    code, output = finish(start("--resume", str(tmp_path / "resumed")))
-    assert code == 0, output[-3000:]
-
-    straight, resumed = trained(tmp_path / "straight"), trained(tmp_path / "resumed")
-    assert [r["step"] for r in resumed] == [1, 2, 3, 4]
-    for step, (left, right) in enumerate(zip(straight, resumed), start=1):
+    straight, resumed = straight_and_resumed(tmp_path, 2, *variant, *SHORT)
+    expected, records = trained(straight), trained(resumed)
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    for step, (left, right) in enumerate(zip(expected, records), start=1):
         differing = sorted(k for k in left.keys() | right.keys() if left.get(k) != right.get(k))
         assert not differing, f"step {step}: {differing}"
-    assert max_weight_difference(tmp_path / "straight" / "final", tmp_path / "resumed" / "final") == 0.0
+    assert max_weight_difference(straight / "final", resumed / "final") == 0.0

@@ -48,6 +48,17 @@ def kill_9_after(step: int, run_dir: Path, *args: str) -> None:
     assert not session_processes(run.pid)
 
 
+def straight_and_resumed(output_dir: Path, kill_after: int, *args: str) -> tuple[Path, Path]:
+    """Run `args` straight into output_dir/a, and again into output_dir/b killed with kill -9 after the
+    checkpoint of step `kill_after` and resumed; both must exit 0. Returns (a, b)."""
+    code, output = finish(start(*args, f"trainer.output_dir={output_dir}", "trainer.run_name=a"))
+    assert code == 0, output[-3000:]
+    kill_9_after(kill_after, output_dir / "b", *args)
+    code, output = finish(start("--resume", str(output_dir / "b")))
+    assert code == 0, output[-3000:]
+    return output_dir / "a", output_dir / "b"
+
+
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory):
     """Run A: 6 steps in sync mode, uninterrupted."""
@@ -118,16 +129,12 @@ def test_sync_resume_with_dynamic_sampling_is_exact_too(tmp_path):
     """Extra rounds draw from the cursor after the step's batch: restored at the same point."""
     dynamic = [*SMALL, "trainer.steps=4", "trainer.checkpoint_every=2", "algo.dynamic_sampling=true",
                "algo.dynamic_sampling_max_rounds=3"]
-    code, output = finish(start(*dynamic, f"trainer.output_dir={tmp_path}", "trainer.run_name=a"))
-    assert code == 0, output[-3000:]
-    kill_9_after(2, tmp_path / "b", *dynamic)
-    code, output = finish(start("--resume", str(tmp_path / "b")))
-    assert code == 0, output[-3000:]
-    records, expected = train_records(tmp_path / "b"), train_records(tmp_path / "a")
+    straight, resumed = straight_and_resumed(tmp_path, 2, *dynamic)
+    records, expected = train_records(resumed), train_records(straight)
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     assert max(r["rollout/dynamic_rounds"] for r in expected) > 1, "no step needed a second round"
     for name in ("data/epoch", "data/position", "rollout/dynamic_rounds", "rollout/dynamic_groups", "reward/mean"):
         assert [r[name] for r in records] == [r[name] for r in expected], name
-    difference = max_weight_difference(tmp_path / "b" / "final", tmp_path / "a" / "final")
+    difference = max_weight_difference(resumed / "final", straight / "final")
     print(f"sync resume with dynamic sampling: max |weight difference| = {difference:g}")
     assert difference == 0.0
