@@ -7,8 +7,9 @@ directory that holds another run, a checkpoint that is incomplete, damaged (a fi
 changed), of another run, made with a config that differs in a field that decides what is
 trained, or with other training data, a Ray address that does not answer, a cluster too
 small for the run's actors. Code 2 comes with one message, before anything is written; actors
-started meanwhile (they start while the data are read) are stopped with Ray. 128 + N: stopped by signal N (SIGINT 130, SIGTERM 143): the first one
-lets the step in progress finish and saves a checkpoint, a second stops at once.
+started meanwhile (they start while the data are read) are stopped with Ray. 128 + N: stopped
+by signal N (SIGINT 130, SIGTERM 143): the first one lets the step in progress finish and saves
+a checkpoint, a second stops at once.
 """
 
 from __future__ import annotations

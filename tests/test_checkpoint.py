@@ -157,7 +157,8 @@ def test_resume_auto_finds_the_newest_run_with_a_complete_checkpoint(tmp_path):
     os.utime(latest_checkpoint(tmp_path / "older") / "COMPLETE", (1, 1))
     skipped = []
     assert find_checkpoint(tmp_path, skipped.append).path == latest_checkpoint(tmp_path / "newer")
-    assert skipped == [f"--resume auto: skipped {latest_checkpoint(tmp_path / 'broken')}: is incomplete: no COMPLETE manifest"]
+    broken = latest_checkpoint(tmp_path / "broken")
+    assert skipped == [f"--resume auto: skipped {broken}: is incomplete: no COMPLETE manifest"]
 
 
 def test_a_resume_may_change_how_long_and_where_but_not_what_is_trained():

@@ -123,4 +123,5 @@ def test_a_run_resumed_from_an_older_checkpoint_keeps_what_it_saves(tmp_path):
     state = TrainerState(step=3, policy_version=3, cursor={"seed": 0, "epoch": 0, "position": 96, "rows": 9000})
     save_checkpoint(run, state, config, learner_share, keep=1)
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["RUN_ID", "step_000003", "step_000004"]
-    assert plan_run(parse_args(["--resume", "auto", f"trainer.output_dir={tmp_path}"])).checkpoint.path == step_dir(run, 3)
+    plan = plan_run(parse_args(["--resume", "auto", f"trainer.output_dir={tmp_path}"]))
+    assert plan.checkpoint.path == step_dir(run, 3)

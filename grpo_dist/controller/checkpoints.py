@@ -13,7 +13,8 @@
 A checkpoint is written into a hidden staging folder beside its final place and renamed
 into place once COMPLETE is on disk, so a crash during the write leaves the previous
 checkpoint as it was; the staging leftovers are removed by the next save, and a save that
-fails (a full disk) removes its own and ends the run (SaveFailed). Nothing here starts Ray: the caller passes the learner's save as a function of the staging folder.
+fails (a full disk) removes its own and ends the run (SaveFailed). Nothing here starts Ray:
+the caller passes the learner's save as a function of the staging folder.
 
 A resume (loop.py) puts the run's logs back as they were at the checkpoint
 (`restore_metrics`), restores the cursor and the batches to draw first (`restore_data`)
