@@ -125,7 +125,13 @@ def test_saving_a_step_again_replaces_it_whole_or_not_at_all(tmp_path, monkeypat
 
     with monkeypatch.context() as patched:
         patched.setattr(grpo_dist.atomic.os, "rename", refuse)
+        patched.setattr(grpo_dist.atomic, "exchange", lambda new, target: False)  # the two renames' way
         with pytest.raises(SaveFailed, match="could not save the checkpoint of step 1 in .*: disk gone"):
+            save_checkpoint(tmp_path, state(1), Config(), fake_learner, keep=1)
+    assert is_complete(first) and (first / "policy" / "model.safetensors").read_bytes() == policy
+    with monkeypatch.context() as patched:  # the swap's way (renameat2), failing
+        patched.setattr(grpo_dist.atomic, "exchange", lambda new, target: refuse(new, target))
+        with pytest.raises(SaveFailed, match="disk gone"):
             save_checkpoint(tmp_path, state(1), Config(), fake_learner, keep=1)
     assert is_complete(first) and (first / "policy" / "model.safetensors").read_bytes() == policy
     again = save_checkpoint(tmp_path, state(1), Config(), fake_learner, keep=1)

@@ -61,6 +61,25 @@ CHILD = textwrap.dedent("""
             original(path, *args, **kwargs)
         shutil.rmtree = rmtree
 
+    def on_moving_the_old_one():  # the target's old folder leaves its name: swapped out, or renamed aside
+        import grpo_dist.atomic as atomic
+        rename, exchange = atomic.os.rename, atomic.exchange
+        def renaming(source, target):
+            rename(source, target)
+            if Path(target).name.startswith(".step_000003.old."):
+                die()
+        def swapping(first, second):
+            swapped = exchange(first, second)
+            if swapped:
+                die()
+            return swapped
+        atomic.os.rename, atomic.exchange = renaming, swapping
+
+    if phase == "saving_the_step_again_while_the_old_one_moves":
+        first = checkpoints.TrainerState(step=3, policy_version=3,
+                                         cursor={"seed": 0, "epoch": 0, "position": 0, "rows": 100})
+        checkpoints.save_checkpoint(run_dir, first, Config(), learner, keep=2)
+        on_moving_the_old_one()
     {"before_manifest": lambda: on_entering("write_manifest"),
      "after_manifest_before_rename": lambda: on_leaving("write_manifest"),
      "after_rename_before_pruning": lambda: on_entering("discard"),
@@ -77,6 +96,7 @@ PHASES = {
     "after_manifest_before_rename": (2, [1, 2]),
     "after_rename_before_pruning": (3, [1, 2, 3]),
     "pruning_half_done": (3, [2, 3]),
+    "saving_the_step_again_while_the_old_one_moves": (3, [2, 3]),  # step 3 saved (position 0), then again
 }
 
 
@@ -102,7 +122,8 @@ def test_a_kill_at_each_phase_of_a_save_leaves_the_newest_complete_checkpoint_lo
 
     resumes_from, visible = PHASES[phase]
     assert [int(path.name[5:]) for path in checkpoints(run)] == visible
-    assert resume_checkpoint(run).path == step_dir(run, resumes_from)  # loads: sizes and sha256 checked
+    resumed = resume_checkpoint(run)  # loads: sizes and sha256 checked
+    assert resumed.path == step_dir(run, resumes_from) and resumed.state.cursor["position"] == 8 * resumes_from
     skipped = []
     assert find_checkpoint(tmp_path, skipped.append).path == step_dir(run, resumes_from)
     assert skipped == []
