@@ -84,7 +84,8 @@ CHILD = textwrap.dedent("""
      "after_manifest_before_rename": lambda: on_leaving("write_manifest"),
      "after_rename_before_pruning": lambda: on_entering("discard"),
      "pruning_half_done": on_deleting}.get(phase, lambda: None)()
-    state = checkpoints.TrainerState(step=3, policy_version=3, cursor={"seed": 0, "epoch": 0, "position": 24, "rows": 100})
+    state = checkpoints.TrainerState(step=3, policy_version=3,
+                                     cursor={"seed": 0, "epoch": 0, "position": 24, "rows": 100})
     checkpoints.save_checkpoint(run_dir, state, Config(), learner, keep=2)
     print("not killed", flush=True)
 """)
