@@ -131,8 +131,8 @@ def test_resume_auto_on_the_command_line_prints_one_line_per_skip(tmp_path):
     run = make_run(tmp_path, "a", (2, 3))
     flip_a_byte(step_dir(run, 3) / "optimizer.pt")
     result = subprocess.run([sys.executable, "-m", "grpo_dist.launch", "--resume", "auto",
-                             f"trainer.output_dir={tmp_path}", "--print-config"], capture_output=True, text=True, timeout=60, cwd=ROOT,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+                             f"trainer.output_dir={tmp_path}", "--print-config"], capture_output=True, text=True,
+                            timeout=60, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert result.returncode == 0 and f"output_dir: {tmp_path}" in result.stdout, result.stderr
     assert result.stderr == (f"warning: --resume auto: skipped {step_dir(run, 3)}: is damaged: optimizer.pt is not "
                              "what was saved (its sha256 differs from the one in COMPLETE)\n")
