@@ -3,12 +3,13 @@
 With no arguments it trains the built-in default (configs/default.yaml) on the CPU.
 Exit codes: 0 done; 1 a failed run (one message: what failed, the last checkpoint and the
 command that resumes from it); 2 the run could not start: an invalid config or dataset, a run
-directory that holds another run, a checkpoint that is incomplete, was made with a config that
-differs in a field that decides what is trained, or with other training data, a Ray address
-that does not answer, a cluster too small for the run's actors. Code 2 comes with one
-message, before anything is written; actors started meanwhile (they start while the data are
-read) are stopped with Ray. 128 + N: stopped by signal N (SIGINT 130, SIGTERM 143): the first one
-lets the step in progress finish and saves a checkpoint, a second stops at once.
+directory that holds another run, a checkpoint that is incomplete, damaged (a file's bytes
+changed), of another run, made with a config that differs in a field that decides what is
+trained, or with other training data, a Ray address that does not answer, a cluster too
+small for the run's actors. Code 2 comes with one message, before anything is written; actors
+started meanwhile (they start while the data are read) are stopped with Ray. 128 + N: stopped
+by signal N (SIGINT 130, SIGTERM 143): the first one lets the step in progress finish and saves
+a checkpoint, a second stops at once.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 
 from grpo_dist.cluster import choose_cluster, connect_ray, ray_environment, shutdown_ray
 from grpo_dist.config import Config, ConfigError, compose_tree, dump_config, load_config
-from grpo_dist.controller.checkpoints import (Checkpoint, CheckpointError, check_resume_config, find_run,
+from grpo_dist.controller.checkpoints import (Checkpoint, CheckpointError, check_resume_config, find_checkpoint,
                                               resume_checkpoint, resume_hint)
 from grpo_dist.controller.errors import FAILURES, StartError
 from grpo_dist.data import DataError, prepare_data
@@ -72,11 +73,13 @@ def plan_run(args: argparse.Namespace) -> RunPlan:
         config = load_config(args.config, overrides)
         check_model_folder(config.model.path, config.data.chat_template)
         return RunPlan(config, run_dir_for(config), None)
-    if args.resume == "auto":
-        run_dir = find_run(Path(compose_tree(args.config, overrides)["trainer"]["output_dir"]))
+    if args.resume == "auto":  # the newest checkpoint that loads; each newer one skipped is told in a line
+        output_dir = Path(compose_tree(args.config, overrides)["trainer"]["output_dir"])
+        checkpoint = find_checkpoint(output_dir, lambda line: print(f"warning: {line}", file=sys.stderr))
+        run_dir = checkpoint.path.parent.parent
     else:
         run_dir = Path(args.resume)
-    checkpoint = resume_checkpoint(run_dir)
+        checkpoint = resume_checkpoint(run_dir)
     config = load_config(args.config, overrides, base=checkpoint.config)
     check_resume_config(checkpoint.config, config)
     check_model_folder(config.model.path, config.data.chat_template)

@@ -17,9 +17,10 @@ from grpo_dist.controller.checkpoints import (
     check_resume_config,
     check_shared_storage,
     checkpoints,
-    find_run,
+    find_checkpoint,
     is_complete,
     latest_checkpoint,
+    SaveFailed,
     resume_checkpoint,
     save_checkpoint,
 )
@@ -72,7 +73,7 @@ def test_the_newest_checkpoints_are_kept(tmp_path):
     for step in (1, 2, 3, 4):
         save_checkpoint(tmp_path, state(step), Config(), fake_learner, keep=2)
     assert [p.name for p in checkpoints(tmp_path)] == ["step_000003", "step_000004"]
-    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_000003", "step_000004"]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["RUN_ID", "step_000003", "step_000004"]
     save_checkpoint(tmp_path, state(4), Config(), fake_learner, keep=2)  # the same step again replaces it
     assert Checkpoint.load(latest_checkpoint(tmp_path)).state == state(4)
 
@@ -108,7 +109,7 @@ def test_a_kill_during_a_write_leaves_the_previous_checkpoint_loadable(tmp_path)
     assert len(leftovers) == 1 and leftovers[0].startswith(".step_000002.")  # the half-written staging folder
     assert resume_checkpoint(tmp_path).state == state(1)  # ignored: the previous checkpoint is the latest
     save_checkpoint(tmp_path, state(3), Config(), fake_learner, keep=2)  # the next save cleans it up
-    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_000001", "step_000003"]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["RUN_ID", "step_000001", "step_000003"]
 
 
 def test_saving_a_step_again_replaces_it_whole_or_not_at_all(tmp_path, monkeypatch):
@@ -124,13 +125,19 @@ def test_saving_a_step_again_replaces_it_whole_or_not_at_all(tmp_path, monkeypat
 
     with monkeypatch.context() as patched:
         patched.setattr(grpo_dist.atomic.os, "rename", refuse)
-        with pytest.raises(OSError, match="disk gone"):
+        patched.setattr(grpo_dist.atomic, "exchange", lambda new, target: False)  # the two renames' way
+        with pytest.raises(SaveFailed, match="could not save the checkpoint of step 1 in .*: disk gone"):
+            save_checkpoint(tmp_path, state(1), Config(), fake_learner, keep=1)
+    assert is_complete(first) and (first / "policy" / "model.safetensors").read_bytes() == policy
+    with monkeypatch.context() as patched:  # the swap's way (renameat2), failing
+        patched.setattr(grpo_dist.atomic, "exchange", lambda new, target: refuse(new, target))
+        with pytest.raises(SaveFailed, match="disk gone"):
             save_checkpoint(tmp_path, state(1), Config(), fake_learner, keep=1)
     assert is_complete(first) and (first / "policy" / "model.safetensors").read_bytes() == policy
     again = save_checkpoint(tmp_path, state(1), Config(), fake_learner, keep=1)
     assert again == first and is_complete(again) and [p.name for p in checkpoints(tmp_path)] == ["step_000001"]
     assert (again / "policy" / "model.safetensors").read_bytes() != policy  # the new one, whole
-    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_000001"]  # nothing left aside
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["RUN_ID", "step_000001"]  # nothing aside
 
 
 def test_an_incomplete_checkpoint_is_an_error_that_names_it(tmp_path):
@@ -148,13 +155,16 @@ def test_an_incomplete_checkpoint_is_an_error_that_names_it(tmp_path):
 
 def test_resume_auto_finds_the_newest_run_with_a_complete_checkpoint(tmp_path):
     with pytest.raises(CheckpointError, match="no run in"):
-        find_run(tmp_path)
+        find_checkpoint(tmp_path, print)
     for name in ("older", "newer", "broken"):
         save_checkpoint(tmp_path / name, state(1), Config(), fake_learner, keep=2)
     (tmp_path / "no-checkpoint").mkdir()
     (latest_checkpoint(tmp_path / "broken") / "COMPLETE").unlink()
     os.utime(latest_checkpoint(tmp_path / "older") / "COMPLETE", (1, 1))
-    assert find_run(tmp_path) == tmp_path / "newer"
+    skipped = []
+    assert find_checkpoint(tmp_path, skipped.append).path == latest_checkpoint(tmp_path / "newer")
+    broken = latest_checkpoint(tmp_path / "broken")
+    assert skipped == [f"--resume auto: skipped {broken}: is incomplete: no COMPLETE manifest"]
 
 
 def test_a_resume_may_change_how_long_and_where_but_not_what_is_trained():

@@ -287,7 +287,10 @@ def test_save_replaces_the_folder_atomically_and_a_failed_save_keeps_the_old_one
             raise OSError("rename in failed")
         real_rename(source, destination)
 
-    with monkeypatch.context() as patched:
+    import grpo_dist.atomic
+
+    with monkeypatch.context() as patched:  # where no swap in one step is possible (atomic.exchange): two renames
+        patched.setattr(grpo_dist.atomic, "exchange", lambda new, target: False)
         patched.setattr(os, "rename", rename_in_fails)
         with pytest.raises(OSError, match="rename in failed"):
             learner.save(str(target))

@@ -73,3 +73,43 @@ def test_chat_template_true_without_a_template_is_exit_2_before_ray_starts(folde
     assert result.stderr == f"error: data.chat_template=true, but the tokenizer in {folder} has no chat template " \
                             "(chat_template.jinja or chat_template.json, or tokenizer_config.json's chat_template)\n"
     assert not out.exists()
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    """A tiny model folder with its weights (model.safetensors), as save_pretrained writes it."""
+    from grpo_dist.tasks.tiny import save_tiny_model
+
+    save_tiny_model(tmp_path / "tiny")
+    return tmp_path / "tiny"
+
+
+def test_a_truncated_or_damaged_weight_file_is_exit_2_naming_it_before_ray_starts(tiny, tmp_path):
+    weights = tiny / "model.safetensors"
+    size = weights.stat().st_size
+    assert plan(f"model.path={tiny}").config.model.path == str(tiny)  # whole: taken
+    out = tmp_path / "out"
+    os.truncate(weights, size - 1000)
+    result = subprocess.run([sys.executable, "-m", "grpo_dist.launch", f"model.path={tiny}",
+                             f"trainer.output_dir={out}"], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert (result.returncode, result.stderr.count("\n")) == (2, 1), result.stderr  # one line: no Ray, no actor
+    assert result.stderr == f"error: model.path {weights}: {size - 1000} bytes, but its header says {size}: " \
+                            "truncated or damaged (copy or download it again)\n"
+    assert not out.exists()
+    os.truncate(weights, 5)
+    with pytest.raises(ConfigError, match=f"model.path {weights}: truncated: 5 bytes, shorter than its header"):
+        plan(f"model.path={tiny}")
+    weights.write_bytes((12).to_bytes(8, "little") + b"not json at all")
+    with pytest.raises(ConfigError, match=f"model.path {weights}: not a safetensors file: unreadable header"):
+        plan(f"model.path={tiny}")
+
+
+def test_a_shard_the_index_names_is_missing(tiny):
+    (tiny / "model.safetensors").rename(tiny / "model-00001-of-00002.safetensors")
+    weight_map = {"model.embed_tokens.weight": "model-00001-of-00002.safetensors",
+                  "lm_head.weight": "model-00002-of-00002.safetensors"}
+    (tiny / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    with pytest.raises(ConfigError, match=f"model.path {tiny}: model-00002-of-00002.safetensors is missing "
+                                          r"\(model.safetensors.index.json names it\)"):
+        plan(f"model.path={tiny}")

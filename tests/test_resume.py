@@ -73,7 +73,7 @@ def test_sync_resume_after_kill_9_gives_the_same_prompts_completions_and_weights
     run_dir = tmp_path / "b"
     kill_9_after(3, run_dir, *RUN)
     assert not (run_dir / "summary.json").exists() and len(train_records(run_dir)) in (3, 4)
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_000003"]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["RUN_ID", "step_000003"]
 
     code, output = finish(start("--resume", str(run_dir)))
     assert code == 0, output[-3000:]

@@ -7,12 +7,14 @@
                               batches drawn but not trained yet, counters
         metrics.jsonl         a copy of RUN_DIR/metrics.jsonl as it was at this step
         config.yaml           the resolved config of the run
-        COMPLETE              the manifest (every file and its size), written last
+        COMPLETE              the manifest (every file, its size and sha256, the run's id), written last
+    RUN_DIR/checkpoints/RUN_ID  the run's id, which every manifest names (manifest.py)
 
 A checkpoint is written into a hidden staging folder beside its final place and renamed
 into place once COMPLETE is on disk, so a crash during the write leaves the previous
-checkpoint as it was; the staging leftovers are removed by the next save. Nothing here
-starts Ray: the caller passes the learner's save as a function of the staging folder.
+checkpoint as it was; the staging leftovers are removed by the next save, and a save that
+fails (a full disk) removes its own and ends the run (SaveFailed). Nothing here starts Ray:
+the caller passes the learner's save as a function of the staging folder.
 
 A resume (loop.py) puts the run's logs back as they were at the checkpoint
 (`restore_metrics`), restores the cursor and the batches to draw first (`restore_data`)
@@ -34,12 +36,14 @@ import yaml
 
 from grpo_dist.atomic import copy_atomic, fsync_dir, replace_folder
 from grpo_dist.config import Config, dump_config
+from grpo_dist.controller.errors import RunFailed
+from grpo_dist.controller.manifest import (MANIFEST, CheckpointError, check_complete, is_complete, run_id,
+                                          write_manifest)
 from grpo_dist.data import PromptCursor
 from grpo_dist.types import Prompt
 
 CHECKPOINTS = "checkpoints"
 PREFIX = "step_"
-MANIFEST = "COMPLETE"
 TRAINER_STATE = "trainer_state.json"
 METRICS = "metrics.jsonl"
 SAMPLES = "samples.jsonl"
@@ -67,8 +71,8 @@ RESUMABLE = (
 )
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be resumed from; the message says which and why."""
+class SaveFailed(RunFailed):
+    """A checkpoint could not be written (a full disk, say): the run ends, the previous one kept."""
 
 
 @dataclass
@@ -96,8 +100,15 @@ class Checkpoint:
     @classmethod
     def load(cls, path: Path) -> Checkpoint:
         check_complete(path)
-        state = TrainerState(**json.loads((path / TRAINER_STATE).read_text()))
-        return cls(path, state, yaml.safe_load((path / CONFIG).read_text()))
+        try:
+            state = TrainerState(**json.loads((path / TRAINER_STATE).read_text()))
+        except (ValueError, TypeError) as exc:
+            raise CheckpointError(f"checkpoint {path} is damaged: {TRAINER_STATE}: {exc}") from None
+        try:
+            config = yaml.safe_load((path / CONFIG).read_text())
+        except yaml.YAMLError as exc:
+            raise CheckpointError(f"checkpoint {path} is damaged: {CONFIG}: {str(exc).splitlines()[0]}") from None
+        return cls(path, state, config)
 
     def restore_metrics(self, run_dir: Path) -> list[dict[str, Any]]:
         """Put the checkpoint's metrics.jsonl back, so the run's log continues from this step
@@ -162,52 +173,36 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def check_complete(path: Path) -> None:
-    """Raise CheckpointError unless every file in the manifest is there with its size."""
-    manifest = path / MANIFEST
-    if not manifest.is_file():
-        raise CheckpointError(f"checkpoint {path} is incomplete: no {MANIFEST} manifest")
-    try:
-        sizes = json.loads(manifest.read_text())["files"]
-    except (ValueError, KeyError) as exc:
-        raise CheckpointError(f"checkpoint {path} is incomplete: unreadable {MANIFEST} ({exc})") from None
-    for name, size in sizes.items():
-        file = path / name
-        if not file.is_file() or file.stat().st_size != size:
-            found = file.stat().st_size if file.is_file() else "missing"
-            raise CheckpointError(f"checkpoint {path} is incomplete: {name} is {found}, the manifest says {size} bytes")
-
-
-def is_complete(path: Path) -> bool:
-    try:
-        check_complete(path)
-    except CheckpointError:
-        return False
-    return True
-
-
 def save_checkpoint(run_dir: Path, state: TrainerState, config: Config,
                     save_learner: Callable[[Path], None], keep: int) -> Path:
-    """Write a checkpoint of `state.step` atomically; keep the newest `keep` checkpoints.
+    """Write a checkpoint of `state.step` atomically; keep the newest `keep` checkpoints up to it.
 
     `save_learner(folder)` writes the learner's share into the staging folder (for a Ray
     learner: `ray.get(learner.save_state.remote(str(folder)))`; the folder must be on storage
-    the learner's node shares with the driver).
+    the learner's node shares with the driver). A write that fails (OSError: a full disk) is
+    SaveFailed; then, as after any failure, the staging folder is removed and the others kept.
+    Checkpoints of later steps (left by a run resumed from an older one) are not counted or
+    pruned: the resumed run replaces each when it saves that step again.
     """
     folder = run_dir / CHECKPOINTS
     folder.mkdir(parents=True, exist_ok=True)
     remove_leftovers(folder)
     target = step_dir(run_dir, state.step)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=folder))
-    save_learner(staging)
-    (staging / TRAINER_STATE).write_text(json.dumps(asdict(state), indent=2) + "\n")
-    (staging / CONFIG).write_text(dump_config(config))
-    if (run_dir / METRICS).is_file():
-        shutil.copyfile(run_dir / METRICS, staging / METRICS)
-    write_manifest(staging)
-    replace_folder(staging, target)  # the same step may be saved again (say, on SIGTERM right after a save)
-    fsync_dir(folder)
-    for old in checkpoints(run_dir)[:-keep]:
+    try:
+        save_learner(staging)
+        (staging / TRAINER_STATE).write_text(json.dumps(asdict(state), indent=2) + "\n")
+        (staging / CONFIG).write_text(dump_config(config))
+        if (run_dir / METRICS).is_file():
+            shutil.copyfile(run_dir / METRICS, staging / METRICS)
+        write_manifest(staging, run_id(folder))
+        replace_folder(staging, target)  # the same step may be saved again (say, on SIGTERM right after a save)
+        fsync_dir(folder)
+    except OSError as exc:
+        raise SaveFailed(f"could not save the checkpoint of step {state.step} in {folder}: {exc}") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # renamed into place unless something failed
+    for old in [path for path in checkpoints(run_dir) if step_of(path) <= state.step][:-keep]:
         discard(old)
     return target
 
@@ -231,19 +226,6 @@ def check_shared_storage(run_dir: Path, write: Callable[[Path, str], None]) -> N
                               "learner's node and the driver's share")
 
 
-def write_manifest(folder: Path) -> None:
-    """Flush every file to disk, then write COMPLETE listing them with their sizes."""
-    sizes = {}
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        with path.open("rb") as handle:
-            os.fsync(handle.fileno())
-        sizes[str(path.relative_to(folder))] = path.stat().st_size
-    with (folder / MANIFEST).open("w") as handle:
-        handle.write(json.dumps({"files": sizes}, indent=1) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-
-
 def discard(path: Path) -> None:
     """Delete a checkpoint: hide it by a rename first, so no half-deleted step folder remains."""
     hidden = path.with_name(f".deleting.{path.name}")
@@ -260,24 +242,35 @@ def remove_leftovers(folder: Path) -> None:
             path.unlink()
 
 
-def find_run(output_dir: Path) -> Path:
-    """`--resume auto`: the run in `output_dir` whose newest checkpoint is complete and newest."""
-    candidates = []
-    for run in output_dir.iterdir() if output_dir.is_dir() else []:
-        latest = latest_checkpoint(run) if run.is_dir() else None
-        if latest is not None and is_complete(latest):
-            candidates.append(((latest / MANIFEST).stat().st_mtime, run))
-    if not candidates:
-        raise CheckpointError(f"--resume auto: no run in {output_dir} has a complete checkpoint")
-    return max(candidates)[1]
+def find_checkpoint(output_dir: Path, skipped: Callable[[str], None]) -> Checkpoint:
+    """`--resume auto`: the newest checkpoint of any run in `output_dir` that loads (complete, its
+    files as saved, of the run it is in); each newer one that does not is told to `skipped`."""
+    runs = [run for run in output_dir.iterdir() if run.is_dir()] if output_dir.is_dir() else []
+    found = [path for run in runs for path in checkpoints(run)]
+    for path in sorted(found, key=lambda path: (saved_at(path), step_of(path)), reverse=True):
+        try:
+            return Checkpoint.load(path)
+        except CheckpointError as exc:
+            skipped(f"--resume auto: skipped {path}: {str(exc).replace(f'checkpoint {path} ', '')}")
+    raise CheckpointError(f"--resume auto: no run in {output_dir} has a complete checkpoint")
+
+
+def saved_at(path: Path) -> float:
+    """When a checkpoint was finished: its manifest's time (the folder's, without one)."""
+    manifest = path / MANIFEST
+    return (manifest if manifest.is_file() else path).stat().st_mtime
+
+
+def step_of(path: Path) -> int:
+    return int(path.name[len(PREFIX):])
 
 
 def resume_hint(run_dir: Path) -> str:
     """Where a run that stopped can continue from, and the exact command, in words."""
-    found = [path for path in checkpoints(run_dir) if is_complete(path)]
+    found = [path for path in checkpoints(run_dir) if is_complete(path, contents=False)]  # sizes: a quick look
     if not found:
         return "no checkpoint was saved yet: start the run again"
-    step = int(found[-1].name[len(PREFIX):])
+    step = step_of(found[-1])
     return f"the last checkpoint is {found[-1]} (step {step}); resume with: python -m grpo_dist.launch --resume {run_dir}"
 
 

@@ -29,7 +29,7 @@ from transformers import PreTrainedTokenizerBase
 
 from grpo_dist.atomic import replace_folder
 from grpo_dist.learner.sharded import ShardedWeights
-from grpo_dist.learner.state import COUNTERS, POLICY, RNG, SCHEDULER
+from grpo_dist.learner.state import COUNTERS, POLICY, RNG, SCHEDULER, save_tensors
 from grpo_dist.weights.buckets import plan_buckets
 
 SHARDS = "shards"
@@ -95,8 +95,8 @@ def save_state(directory: Path, weights: ShardedWeights, tokenizer: PreTrainedTo
     (directory / POLICY).mkdir(exist_ok=True)
     save_policy(weights, tokenizer, directory / POLICY, rank)
     if rank == 0:
-        torch.save(scheduler.state_dict(), directory / SCHEDULER)
-        torch.save({"torch": torch.get_rng_state(), "minibatch": generator.get_state()}, directory / RNG)
+        save_tensors(scheduler.state_dict(), directory / SCHEDULER)
+        save_tensors({"torch": torch.get_rng_state(), "minibatch": generator.get_state()}, directory / RNG)
         (directory / COUNTERS).write_text(json.dumps(counters, indent=2) + "\n")
     dist.barrier()  # every rank's shards are on disk before the caller seals the checkpoint
 

@@ -58,15 +58,27 @@ def save_state(directory: Path, weights: PolicyWeights, tokenizer: PreTrainedTok
     """`reference`: the reference model when it is no longer model.path's (refreshed), else None."""
     directory.mkdir(parents=True, exist_ok=True)
     save_policy(weights, tokenizer, directory / POLICY)
-    torch.save(optimizer.state_dict(), directory / OPTIMIZER)
-    torch.save(scheduler.state_dict(), directory / SCHEDULER)
+    save_tensors(optimizer.state_dict(), directory / OPTIMIZER)
+    save_tensors(scheduler.state_dict(), directory / SCHEDULER)
     if reference is not None:
         reference.save_pretrained(directory / REFERENCE)
     rng = {"torch": torch.get_rng_state(), "minibatch": generator.get_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         rng["cuda"] = torch.cuda.get_rng_state_all()
-    torch.save(rng, directory / RNG)
+    save_tensors(rng, directory / RNG)
     (directory / COUNTERS).write_text(json.dumps(counters, indent=2) + "\n")
+
+
+def save_tensors(state: Any, path: Path) -> None:
+    """torch.save through a Python file, so that a write that fails raises the OSError that failed
+    it ("[Errno 28] No space left on device"): torch's own writer says only "unexpected pos"."""
+    with path.open("wb") as handle:
+        try:
+            torch.save(state, handle)
+        except RuntimeError as exc:
+            if isinstance(exc.__context__, OSError):
+                raise exc.__context__ from None
+            raise
 
 
 def load_state(directory: Path, weights: PolicyWeights, optimizer: torch.optim.Optimizer,
