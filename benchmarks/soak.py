@@ -99,8 +99,9 @@ def main() -> int:
         ports_used = listening_ports(set(last))
         code = run.wait(timeout=600)
         time.sleep(2)  # Ray's last children, reaped by the raylet's exit
-        left = session(run.pid)
-        ports = sorted(ports_used & listening_ports())
+        # what outlived the run: its session, and any of its processes that left the session
+        left = session(run.pid) + [psutil.Process(pid) for pid in last if psutil.pid_exists(pid)]
+        ports = sorted(listening_ports(set(last)))  # (another program may take a freed port: not counted)
     finally:
         for process in session(run.pid):
             process.send_signal(signal.SIGKILL)
@@ -119,8 +120,8 @@ def main() -> int:
         if rss_end - rss > args.bound_mb or fds_end - fds > args.bound_fds:
             grown.append(name)
     print(f"new processes at the end: {sorted(last[pid][0] for pid in set(last) - set(first))}")
-    print(f"left after exit: {[name_of(p) for p in left]}; of the {len(ports_used)} ports the run listened on, "
-          f"still listening after exit: {ports}")
+    print(f"left after exit: {[name_of(p) for p in left]}; the run's processes listened on {len(ports_used)} "
+          f"ports, and after exit on {ports}")
     print(f"bounds: RSS +{args.bound_mb:g} MB, fds +{args.bound_fds} per process; over: {grown}")
     return 1 if code != 0 or grown or left or ports else 0
 
