@@ -22,7 +22,7 @@ import ray
 
 from grpo_dist.config import load_config
 from grpo_dist.evaluation import standard_error
-from grpo_dist.controller.loop import Trainer
+from grpo_dist.controller.run import TrainingRun
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = ["task", "grpo", "dapo", "dr_grpo", "gspo"]
@@ -46,7 +46,7 @@ def run(recipe: str, seed: int, args: argparse.Namespace, output: Path) -> dict:
                                    f"data.eval_rows={args.eval_rows}", "trainer.progress=false",
                                    "trainer.save_final=false", "trainer.checkpoint_every=0",
                                    f"trainer.output_dir={output}", f"trainer.run_name={name}", *args.overrides])
-    return Trainer(config, output / name).run()
+    return TrainingRun(config, output / name).run()
 
 
 def dynamic_sampling(run_dir: Path, first_round: int) -> str | None:

@@ -4,7 +4,7 @@
                                        [--repeats 1] [--tis-cap C]
 
 Each setting trains the default task (transformers rollouts, one rollout worker, one
-learner) with the real Trainer several ways, one after the other on one local Ray cluster
+learner) with the real TrainingRun several ways, one after the other on one local Ray cluster
 of 2 CPUs:
   sync 2+2   trainer.mode=sync, rollout.threads=2, learner.threads=2 (each stage has the
              machine to itself, so each takes both cores)
@@ -39,7 +39,7 @@ from pathlib import Path
 import ray
 
 from grpo_dist.config import load_config, vllm_installed
-from grpo_dist.controller.loop import Trainer
+from grpo_dist.controller.run import TrainingRun
 
 SETTINGS = {
     "default": [],
@@ -73,7 +73,7 @@ def run(output: Path, name: str, overrides: list[str], args: argparse.Namespace)
         "trainer.progress=false", "trainer.loggers=[jsonl]", "trainer.samples_every=0",
         f"trainer.output_dir={output}", f"trainer.run_name={name}", *overrides,
     ])
-    summary = Trainer(config, output / name).run()
+    summary = TrainingRun(config, output / name).run()
     lines = (output / name / "metrics.jsonl").read_text().splitlines()
     train = [r for r in map(json.loads, lines) if r["kind"] == "train"][1:]  # step 1 warms up (first calls)
     seconds = sum(r["time/step_s"] for r in train)

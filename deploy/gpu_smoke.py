@@ -1,4 +1,4 @@
-"""GPU smoke test: a few GRPO steps of the real Trainer with vLLM rollouts and the NCCL weight sync.
+"""GPU smoke test: a few GRPO steps of the real TrainingRun with vLLM rollouts and the NCCL weight sync.
 
     python deploy/gpu_smoke.py                          # ~0.5B Qwen2, random weights, no hub
     python deploy/gpu_smoke.py --mode async             # rollouts one version ahead of the learner
@@ -6,7 +6,7 @@
 
 Builds a Qwen2-architecture model from a config (random weights) and a character-level
 tokenizer made with `tokenizers`, saves both with a small addition dataset to a temporary
-folder, and runs `grpo_dist.trainer.Trainer` on them: one vLLM rollout worker and the
+folder, and runs `grpo_dist.controller.run.TrainingRun` on them: one vLLM rollout worker and the
 learner, one GPU each (half a GPU each on a one-GPU machine), rewards `exact_answer` plus
 `length_penalty` (random weights never answer right; the penalty gives each group some
 spread). Prints generation tokens/s, learner tokens/s and the seconds the engine spent taking
@@ -90,7 +90,7 @@ def save_dataset(folder: Path, rows: int = 2000) -> None:
 
 
 def smoke_config(args: argparse.Namespace, folder: Path, gpus: int, output_dir: Path):
-    """The Trainer's config for this machine: a GPU each for learner and engine when there are
+    """The run's config for this machine: a GPU each for learner and engine when there are
     two, half of one each when there is one, none on a CPU."""
     from grpo_dist.config import load_config
 
@@ -139,7 +139,7 @@ def run(args: argparse.Namespace, folder: Path) -> dict:
     import ray
 
     from grpo_dist.config import resolve_weight_sync
-    from grpo_dist.controller.loop import Trainer
+    from grpo_dist.controller.run import TrainingRun
 
     gpus = torch.cuda.device_count()
     output_dir = Path(args.output_dir or folder / "runs")
@@ -148,7 +148,7 @@ def run(args: argparse.Namespace, folder: Path) -> dict:
           f"learner ranks {config.learner.num_ranks}, sharding {config.learner.sharding}")
     ray.init(include_dashboard=False)
     try:
-        summary = Trainer(config, output_dir / "gpu_smoke").run()
+        summary = TrainingRun(config, output_dir / "gpu_smoke").run()
     finally:
         ray.shutdown()
     lines = (output_dir / "gpu_smoke" / "metrics.jsonl").read_text().splitlines()

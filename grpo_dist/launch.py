@@ -96,12 +96,12 @@ def check_new_run_dir(run_dir: Path) -> None:
 
 
 def import_trainer() -> tuple[type, type]:
-    """The Trainer and Actors classes: their imports (torch, transformers, the actors' modules)
+    """The TrainingRun and Actors classes: their imports (torch, transformers, the actors' modules)
     take seconds."""
     from grpo_dist.controller.actors import Actors
-    from grpo_dist.controller.loop import Trainer
+    from grpo_dist.controller.run import TrainingRun
 
-    return Trainer, Actors
+    return TrainingRun, Actors
 
 
 def connect_or_error(config: Config, join: str | None) -> StartError | None:

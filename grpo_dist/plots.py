@@ -1,6 +1,6 @@
 """A run's report: one PNG of what training did, read back from RUN_DIR/metrics.jsonl.
 
-Drawn by Trainer.run at the end of a run, and by `python -m grpo_dist.report RUN_DIR` (report.py).
+Drawn by TrainingRun.run at the end of a run, and by `python -m grpo_dist.report RUN_DIR` (report.py).
 
 Six panels over the training steps: reward and held-out accuracy, KL to the reference,
 clip fraction, entropy, completion length, and the seconds of each stage beside the step's
@@ -190,7 +190,7 @@ def import_drawing() -> None:
 
 
 def report_thread() -> ThreadPoolExecutor:
-    """The thread that will draw report.png, importing matplotlib from now on: Trainer.run makes
+    """The thread that will draw report.png, importing matplotlib from now on: TrainingRun.run makes
     it before the final evaluation, while the driver only waits for the rollout workers."""
     pool = ThreadPoolExecutor(1, thread_name_prefix="report")
     pool.submit(import_drawing)
@@ -199,7 +199,7 @@ def report_thread() -> ThreadPoolExecutor:
 
 def write_report_beside(run_dir: Path, pool: ThreadPoolExecutor) -> Future:
     """`write_report(run_dir)` in `pool`'s thread (report_thread's): seconds of drawing, off the
-    run's path (Trainer.run starts it once the metrics are complete; `result()` waits and
+    run's path (TrainingRun.run starts it once the metrics are complete; `result()` waits and
     re-raises)."""
     try:
         return pool.submit(write_report, run_dir)

@@ -9,7 +9,7 @@ import yaml
 
 from grpo_dist.config import Config, ConfigError, effective_reward, load_config
 from grpo_dist.reward.rules import length_penalty
-from grpo_dist.controller.loop import Trainer
+from grpo_dist.controller.run import TrainingRun
 from learner_helpers import make_config, make_learner, scored_groups
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -99,7 +99,7 @@ def test_each_recipe_learns_the_built_in_task(ray_cluster, tmp_path, algo):
         "rollout.engine=transformers", "trainer.steps=10", "trainer.eval_every=0", "data.eval_rows=200",
         "trainer.progress=false", "trainer.save_final=false", f"trainer.output_dir={tmp_path}",
         "trainer.run_name=run"])
-    summary = Trainer(config, tmp_path / "run").run()
+    summary = TrainingRun(config, tmp_path / "run").run()
     assert summary["eval_accuracy_after"] - summary["eval_accuracy_before"] >= 0.2, summary
     lines = (tmp_path / "run" / "metrics.jsonl").read_text()
     if algo.stem == "dapo":

@@ -3,7 +3,7 @@
 Llama (untied, GQA), Qwen2 (q/k/v biases; tied and untied embeddings) and Qwen3 (q/k
 RMSNorm), built from configs (tasks/tiny.py), train for two steps on a real local Ray
 cluster with weight verification on: after every sync each rollout worker's served weights
-must hash to the learner's (Trainer raises otherwise), and the sampler's logprobs must
+must hash to the learner's (the run raises otherwise), and the sampler's logprobs must
 equal the learner's, which they only do when the engine computes with exactly those
 weights, biases and norms included.
 """
@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from conftest import ENGINES, small_config
 from grpo_dist.tasks.tiny import save_tiny_model
-from grpo_dist.controller.loop import Trainer
+from grpo_dist.controller.run import TrainingRun
 
 ARCHITECTURES = {
     "llama-untied": ("llama", False),
@@ -48,7 +48,7 @@ def test_grpo_steps_keep_every_engine_on_the_learners_weights(ray_cluster, tmp_p
         "rollout.temperature=0.7", "trainer.steps=2", "trainer.eval_every=0", "data.eval=null",
         "trainer.verify_weight_sync=true", "rollout.num_workers=1", "rollout.prompts_per_step=4",
     )
-    summary = Trainer(config, tmp_path / "run").run()
+    summary = TrainingRun(config, tmp_path / "run").run()
     assert summary["steps"] == 2 and summary["rollout_engine"] == engine
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     for record in records:

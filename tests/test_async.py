@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from conftest import small_config
-from grpo_dist.controller.loop import Trainer
+from grpo_dist.controller.run import TrainingRun
 
 pytestmark = pytest.mark.slow
 
@@ -41,7 +41,7 @@ def runs(ray_cluster, tmp_path_factory) -> dict[str, dict]:
                               f"rollout.prompts_per_step={PROMPTS_PER_STEP}", "trainer.samples_every=1",
                               f"trainer.samples_per_log={PROMPTS_PER_STEP}", "trainer.loggers=[jsonl]",
                               "trainer.save_final=false", f"trainer.run_name={name}", *overrides)
-        summary = Trainer(config, output / name).run()
+        summary = TrainingRun(config, output / name).run()
         found[name] = {"summary": summary, "train": lines(output / name / "metrics.jsonl"),
                        "samples": lines(output / name / "samples.jsonl")}
     return found

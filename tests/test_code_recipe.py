@@ -11,7 +11,7 @@ from grpo_dist.data import read_jsonl
 from grpo_dist.reward.worker import RewardWorker
 from grpo_dist.tasks.code import load_problems, make_splits
 from grpo_dist.tasks.tiny import save_tiny_model
-from grpo_dist.controller.loop import Trainer
+from grpo_dist.controller.run import TrainingRun
 from test_reward_worker import ADD, ADD_TESTS, ADVERSARIAL, group
 
 RECIPE = Path(__file__).resolve().parent.parent / "configs" / "code_unittest.yaml"
@@ -65,7 +65,7 @@ def test_two_grpo_steps_of_the_recipe_with_the_tiny_local_model(ray_cluster, tmp
     save_tiny_model(tmp_path / "model", "qwen2", max_positions=1024)
     config = load_config(RECIPE, [*ON_TWO_CPUS, f"model.path={tmp_path / 'model'}", f"trainer.output_dir={tmp_path}",
                                   "trainer.run_name=run"])
-    summary = Trainer(config, tmp_path / "run").run()
+    summary = TrainingRun(config, tmp_path / "run").run()
     assert summary["steps"] == 2
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if r["kind"] == "train"]

@@ -20,7 +20,7 @@ from grpo_dist.config import resolve_path
 from grpo_dist.controller.dynamic import round_size
 from grpo_dist.reward.chunk_stats import informative
 from grpo_dist.reward.worker import RewardWorker
-from grpo_dist.controller.loop import Trainer
+from grpo_dist.controller.run import TrainingRun
 from grpo_dist.types import Completion, Group
 from learner_helpers import make_config, make_learner, masters, scored_groups
 
@@ -88,17 +88,17 @@ def rows_with_answers(path: Path, every: int) -> Path:
     return path
 
 
-def run(tmp_path: Path, every: int, *overrides: str) -> tuple[Trainer, list[dict]]:
+def run(tmp_path: Path, every: int, *overrides: str) -> tuple[TrainingRun, list[dict]]:
     config = small_config(tmp_path, "rollout.engine=transformers", "trainer.steps=3", "trainer.eval_every=0",
                           "data.eval=null", f"data.train={rows_with_answers(tmp_path / 'train.jsonl', every)}",
                           "algo.dynamic_sampling=true", *overrides)
-    trainer = Trainer(config, tmp_path / "run")
+    trainer = TrainingRun(config, tmp_path / "run")
     trainer.run()
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     return trainer, [r for r in records if r["kind"] == "train"]
 
 
-def check_steps(trainer: Trainer, records: list[dict], max_rounds: int, max_staleness: int) -> None:
+def check_steps(trainer: TrainingRun, records: list[dict], max_rounds: int, max_staleness: int) -> None:
     """What every step's metrics must say, whatever the rewards were."""
     version = 0
     for r in records:
@@ -116,7 +116,8 @@ def check_steps(trainer: Trainer, records: list[dict], max_rounds: int, max_stal
             assert r["policy/advantage_zero_fraction"] == 0.0
         assert r["policy/version"] == version and r["rollout/staleness_max"] <= max_staleness
     # the cursor gave out exactly the prompts generated: none replayed, none skipped
-    assert trainer.cursor.position == sum(PROMPTS + r["rollout/dynamic_extra_completions"] / GROUP for r in records)
+    drawn = sum(PROMPTS + r["rollout/dynamic_extra_completions"] / GROUP for r in records)
+    assert trainer.loop.cursor.position == drawn
 
 
 @pytest.mark.slow

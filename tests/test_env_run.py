@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from grpo_dist.config import load_config
-from grpo_dist.controller.loop import Trainer
+from grpo_dist.controller.run import TrainingRun
 from grpo_dist.tasks.tiny import IM_END, save_tiny_model
 from test_code_recipe import ON_TWO_CPUS, RECIPE
 
@@ -32,7 +32,7 @@ def test_two_steps_of_code_feedback_episodes(ray_cluster, tmp_path, history, wav
         *ON_TWO_CPUS, f"model.path={tmp_path / 'model'}", f"trainer.output_dir={tmp_path}", "trainer.run_name=run",
         "env.max_turns=2", "env.max_episode_tokens=900", "env.max_observation_tokens=48", "env.concurrency=4",
         "trainer.samples_every=1", f"env.history={history}", f"env.waves={waves}"])
-    summary = Trainer(config, tmp_path / "run").run()
+    summary = TrainingRun(config, tmp_path / "run").run()
     assert summary["steps"] == 2
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if r["kind"] == "train"]
@@ -59,7 +59,7 @@ def test_arithmetic_reveal_measures_success_within_max_turns(ray_cluster, tmp_pa
         *ON_TWO_CPUS, f"trainer.output_dir={tmp_path}", "trainer.run_name=run", "data.eval_rows=8",
         "trainer.eval_every=2", "rollout.group_size=4"])
     assert config.env.name == "arithmetic_reveal" and config.env.max_turns == 2
-    Trainer(config, tmp_path / "run").run()
+    TrainingRun(config, tmp_path / "run").run()
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     for record in [r for r in records if r["kind"] == "train"]:
         assert 0 <= record["env/solved_after_turn1"] <= record["env/solved"] <= 1

@@ -1,5 +1,5 @@
 """deploy/gpu_smoke.py as far as a CPU allows: arguments, the Qwen2 model and tokenizer it builds,
-and the real Trainer it drives (on the CPU, tiny model, transformers engine).
+and the real TrainingRun it drives (on the CPU, tiny model, transformers engine).
 
 The GPU run itself (vLLM on CUDA, NCCL sync) is not exercised here.
 """

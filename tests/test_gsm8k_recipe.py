@@ -11,7 +11,7 @@ from gsm8k_helpers import write_gsm8k
 from grpo_dist.config import load_config, vllm_installed
 from grpo_dist.data import prepare_data
 from grpo_dist.tasks.tiny import IM_END, save_tiny_model
-from grpo_dist.controller.loop import Trainer
+from grpo_dist.controller.run import TrainingRun
 
 RECIPE = Path(__file__).resolve().parent.parent / "configs" / "gsm8k.yaml"
 TOOL = RECIPE.parent / "math_tool.yaml"
@@ -61,7 +61,7 @@ def test_local_copies_load_through_the_recipes_data_path(local_copies):
 def test_two_grpo_steps_of_the_recipe_on_local_copies(ray_cluster, tmp_path, local_copies):
     config = load_config(RECIPE, [*ON_TWO_CPUS, *local_copies, f"trainer.output_dir={tmp_path}",
                                   "trainer.run_name=run"])
-    summary = Trainer(config, tmp_path / "run").run()
+    summary = TrainingRun(config, tmp_path / "run").run()
     assert summary["steps"] == 2 and summary["rollout_engine"] == "vllm" and summary["eval_rows"] == 2
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if r["kind"] == "train"]
@@ -87,7 +87,7 @@ def test_two_grpo_steps_of_the_tool_recipe_on_local_copies(ray_cluster, tmp_path
         *ON_TWO_CPUS, *local_copies, "rollout.engine=transformers", f"trainer.output_dir={tmp_path}",
         "trainer.run_name=run", "env.max_episode_tokens=900", "env.max_observation_tokens=48",
         "env.concurrency=4", "trainer.samples_every=1"])
-    summary = Trainer(config, tmp_path / "run").run()
+    summary = TrainingRun(config, tmp_path / "run").run()
     assert summary["steps"] == 2
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     for record in [r for r in records if r["kind"] == "train"]:

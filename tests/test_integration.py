@@ -9,7 +9,7 @@ import ray
 
 from conftest import ENGINES, small_config
 from grpo_dist.reward.rules import exact_answer
-from grpo_dist.controller.loop import Trainer
+from grpo_dist.controller.run import TrainingRun
 from grpo_dist.weights.errors import WeightSyncError
 from grpo_dist.types import SamplingSettings
 
@@ -21,7 +21,7 @@ def trainer(request, ray_cluster, tmp_path_factory):
     # temperature 0.7: the learner must score the sampled tokens at the sampler's temperature
     config = small_config(tmp_path_factory.mktemp("runs"), f"rollout.engine={request.param}",
                           "rollout.temperature=0.7")
-    trainer = Trainer(config, run_dir=tmp_path_factory.mktemp("run"))
+    trainer = TrainingRun(config, run_dir=tmp_path_factory.mktemp("run"))
     trainer.start()  # the object-store weight sync: no GPUs here
     yield trainer
     trainer.stop()
@@ -38,8 +38,8 @@ def test_workers_start_with_the_learners_weights(trainer):
 
 
 def test_groups_are_scored_by_the_reward_function(trainer):
-    prompts = trainer.cursor.next_batch(4)
-    groups = trainer.rollout(prompts, trainer.sampling, step=1)
+    prompts = trainer.loop.cursor.next_batch(4)
+    groups = trainer.loop.rollout(prompts, trainer.loop.sampling, step=1)
     assert len(groups) == 4 and [g.prompt_index for g in groups] == [p.index for p in prompts]
     for group in groups:
         assert len(group.completions) == GROUP and len(group.rewards) == GROUP
@@ -51,15 +51,15 @@ def test_groups_are_scored_by_the_reward_function(trainer):
 
 def sample_fixed(trainer, prompts):
     """The same prompts with the same seeds: differences come from the weights alone."""
-    return trainer.rollout(prompts, SamplingSettings(n=GROUP, max_new_tokens=8), step=1234)
+    return trainer.loop.rollout(prompts, SamplingSettings(n=GROUP, max_new_tokens=8), step=1234)
 
 
 def test_steps_change_the_weights_and_every_worker_follows(trainer):
     learner = trainer.actors.learner
     before = ray.get(learner.checksum.remote())
-    probe = trainer.cursor.next_batch(4)
+    probe = trainer.loop.cursor.next_batch(4)
     sampled_before = sample_fixed(trainer, probe)
-    metrics = [trainer.step(step) for step in (1, 2)]
+    metrics = [trainer.loop.step(step) for step in (1, 2)]
     after = ray.get(learner.checksum.remote())
     assert after != before
     sampled_after = sample_fixed(trainer, probe)
@@ -77,9 +77,9 @@ def test_steps_change_the_weights_and_every_worker_follows(trainer):
 
 
 def test_sampler_and_learner_logprobs_agree_after_the_update(trainer):
-    prompts = trainer.cursor.next_batch(8)
-    groups = trainer.rollout(prompts, trainer.sampling, step=3)
-    assert {g.policy_version for g in groups} == {trainer.version}
+    prompts = trainer.loop.cursor.next_batch(8)
+    groups = trainer.loop.rollout(prompts, trainer.loop.sampling, step=3)
+    assert {g.policy_version for g in groups} == {trainer.loop.version}
     learner_logprobs = ray.get(trainer.actors.learner.logprobs.remote(groups))
     diffs = [
         abs(a - b)
@@ -93,8 +93,8 @@ def test_sampler_and_learner_logprobs_agree_after_the_update(trainer):
 def test_a_worker_with_stale_weights_is_an_error(trainer):
     weights = ray.get(trainer.actors.learner.export_weights.remote())
     stale = {name: tensor + 0.01 if tensor.is_floating_point() else tensor for name, tensor in weights.items()}
-    ray.get(trainer.actors.rollouts[1].load_weights.remote(stale, trainer.version))
+    ray.get(trainer.actors.rollouts[1].load_weights.remote(stale, trainer.loop.version))
     with pytest.raises(WeightSyncError, match=r"\[1\]"):
         trainer.verify_weights()
-    ray.get(trainer.actors.rollouts[1].load_weights.remote(weights, trainer.version))
+    ray.get(trainer.actors.rollouts[1].load_weights.remote(weights, trainer.loop.version))
     trainer.verify_weights()

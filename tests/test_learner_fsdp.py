@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM
 
 from conftest import small_config
 from grpo_dist.config import ConfigError, load_config
-from grpo_dist.controller.loop import Trainer
+from grpo_dist.controller.run import TrainingRun
 from grpo_dist.learner.batch import TrainBatch
 from grpo_dist.learner.distributed import DataParallel
 from grpo_dist.learner.group import start_learner
@@ -200,7 +200,7 @@ def test_the_default_task_learns_with_two_fsdp_ranks(ray_cluster, tmp_path):
     config = small_config(tmp_path, "rollout.num_workers=1", "rollout.engine=transformers", "rollout.prompts_per_step=32",
                           "rollout.group_size=8", "algo.lr=1e-4", "learner.num_ranks=2", "learner.sharding=fsdp",
                           "trainer.steps=20", "trainer.eval_every=0", "data.eval_rows=300", "trainer.save_final=true")
-    summary = Trainer(config, tmp_path / "run").run()
+    summary = TrainingRun(config, tmp_path / "run").run()
     assert summary["steps"] == 20
     assert summary["eval_accuracy_after"] - summary["eval_accuracy_before"] >= 0.3, summary
     assert AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "final").config.num_hidden_layers > 0
@@ -212,7 +212,7 @@ def test_fsdp_ranks_broadcast_bucket_by_bucket_over_the_weight_group(ray_cluster
     plan, rank 0 broadcasts it; the engine serves the group's checksum after every step."""
     config = small_config(tmp_path, "rollout.engine=transformers", "rollout.num_workers=1", "learner.num_ranks=2",
                           "learner.sharding=fsdp")
-    trainer = Trainer(config, run_dir=tmp_path / "run")
+    trainer = TrainingRun(config, run_dir=tmp_path / "run")
     trainer.start(lambda _, learner, rollouts: NcclSync(learner, rollouts, timeout_s=120, bucket_bytes=256 << 10,
                                                         backend="gloo"))
     try:
@@ -221,7 +221,7 @@ def test_fsdp_ranks_broadcast_bucket_by_bucket_over_the_weight_group(ray_cluster
         learner = trainer.actors.learner
         before = ray.get(learner.checksum.remote())
         for step in (1, 2):
-            trainer.step(step)  # ends with sync.push and the checksum check
+            trainer.loop.step(step)  # ends with sync.push and the checksum check
         after = ray.get(learner.checksum.remote())
         assert after != before and [ray.get(w.checksum.remote()) for w in trainer.actors.rollouts] == [after]
     finally:

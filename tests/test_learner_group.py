@@ -15,7 +15,7 @@ import torch
 from ray.util.placement_group import placement_group_table
 
 from conftest import small_config
-from grpo_dist.controller.loop import Trainer
+from grpo_dist.controller.run import TrainingRun
 from grpo_dist.learner.group import PEER_DEATH_GRACE_S, ROUTES, LearnerGroup, offer_learner_methods, start_learner, unrouted
 from grpo_dist.learner.worker import Learner
 from grpo_dist.waits import CallTimeout
@@ -239,6 +239,6 @@ def test_the_trainer_runs_two_learner_ranks(ray_cluster, tmp_path):
     """The controller's own code path with num_ranks=2: weight sync and checksums through the group."""
     config = small_config(tmp_path, "rollout.num_workers=1", "rollout.engine=transformers", "learner.num_ranks=2",
                           "trainer.steps=2", "trainer.eval_every=0", "data.eval_rows=16", "trainer.save_final=true")
-    summary = Trainer(config, tmp_path / "run").run()
+    summary = TrainingRun(config, tmp_path / "run").run()
     assert summary["steps"] == 2
     assert (tmp_path / "run" / "final" / "config.json").is_file()

@@ -3,7 +3,7 @@
 import pytest
 
 from grpo_dist.config import load_config, vllm_installed
-from grpo_dist.controller.loop import Trainer
+from grpo_dist.controller.run import TrainingRun
 
 
 @pytest.mark.slow
@@ -13,6 +13,6 @@ def test_default_task_learns_with_vllm_rollouts(ray_cluster, tmp_path):
     config = load_config(None, ["rollout.engine=vllm", "rollout.vllm.cpu_kv_cache_gb=0.25", "trainer.steps=60",
                                 "trainer.eval_every=0", "trainer.progress=false", "trainer.save_final=false",
                                 f"trainer.output_dir={tmp_path}", "trainer.run_name=learn"])
-    summary = Trainer(config, tmp_path / "learn").run()
+    summary = TrainingRun(config, tmp_path / "learn").run()
     assert summary["rollout_engine"] == "vllm" and summary["steps"] == 60
     assert summary["eval_accuracy_after"] - summary["eval_accuracy_before"] >= 0.3, summary

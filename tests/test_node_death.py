@@ -20,7 +20,7 @@ from ray.cluster_utils import Cluster
 
 from grpo_dist.config import load_config
 from grpo_dist.controller.errors import ActorGone
-from grpo_dist.controller.loop import Trainer
+from grpo_dist.controller.run import TrainingRun
 from runs import train_records
 
 pytestmark = pytest.mark.slow
@@ -33,13 +33,13 @@ RUN = ["rollout.num_workers=1", "rollout.resources={engine_node: 1}", "rollout.e
        "cluster.actor_start_timeout_s=60"]
 
 
-def engine_node_of_the_worker(trainer: Trainer, nodes: list) -> object:
+def engine_node_of_the_worker(trainer: TrainingRun, nodes: list) -> object:
     [where] = ray.get([w.describe.remote() for w in trainer.actors.rollouts])
     [node] = [n for n in nodes if n.node_id == where["node_id"]]
     return node
 
 
-def run_and_remove_the_worker_node(tmp_path: Path, engine_nodes: int, steps: int) -> tuple[Trainer, float, object]:
+def run_and_remove_the_worker_node(tmp_path: Path, engine_nodes: int, steps: int) -> tuple[TrainingRun, float, object]:
     """Train on a head plus `engine_nodes` engine nodes; once two steps are done, remove the
     node that holds the rollout worker. Returns (the trainer, seconds from the removal to the
     end of the run, the run's result: its summary or the exception that ended it)."""
@@ -47,7 +47,7 @@ def run_and_remove_the_worker_node(tmp_path: Path, engine_nodes: int, steps: int
     nodes = [cluster.add_node(**ENGINE) for _ in range(engine_nodes)]
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, namespace="grpo_dist_tests")
-    trainer = Trainer(load_config(None, [*RUN, f"trainer.steps={steps}", f"trainer.output_dir={tmp_path}"]),
+    trainer = TrainingRun(load_config(None, [*RUN, f"trainer.steps={steps}", f"trainer.output_dir={tmp_path}"]),
                       tmp_path / "run")
     removed: list[float] = []
 
@@ -86,4 +86,4 @@ def test_a_dead_node_whose_worker_fits_nowhere_else_stops_the_run_within_the_sta
     assert isinstance(error, ActorGone), error
     assert "rollout worker 0 was not back within 60 s" in str(error) and "cluster.actor_start_timeout_s" in str(error)
     assert took < 60 + 30, took
-    assert trainer.saved is not None and (trainer.saved[1] / "COMPLETE").is_file()
+    assert trainer.checkpointer.saved is not None and (trainer.checkpointer.saved[1] / "COMPLETE").is_file()

@@ -15,7 +15,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from wandb.proto import wandb_internal_pb2
 
 from conftest import small_config
-from grpo_dist.controller.loop import Trainer
+from grpo_dist.controller.run import TrainingRun
 
 # A whole short run (3 steps, every sink, evaluations, the report): the slow tier.
 pytestmark = pytest.mark.slow
@@ -32,7 +32,7 @@ def run_dir(ray_cluster, tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("WANDB_MODE", "offline")
         patch.setenv("WANDB_SILENT", "true")
-        Trainer(config, output / "run").run()
+        TrainingRun(config, output / "run").run()
     return output / "run"
 
 

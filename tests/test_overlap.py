@@ -11,7 +11,7 @@ from safetensors import safe_open
 from conftest import small_config
 from learner_helpers import make_config, make_learner, masters, metric_tolerance, scored_groups
 from grpo_dist.config import resolve_overlap
-from grpo_dist.controller.loop import Trainer
+from grpo_dist.controller.run import TrainingRun
 
 CLOCK = ("system/", "time/")  # rates and seconds
 
@@ -108,7 +108,7 @@ def sync_runs(ray_cluster, tmp_path_factory):
                               "rollout.chunk_prompts=2", "algo.beta=0.05", "rollout.temperature=0.9",
                               "trainer.loggers=[jsonl]", "trainer.eval_every=0", "trainer.checkpoint_every=0",
                               f"trainer.run_name=overlap_{mode}", f"trainer.overlap_learning={mode}")
-        Trainer(config, output / mode).run()
+        TrainingRun(config, output / mode).run()
         records = [json.loads(line) for line in (output / mode / "metrics.jsonl").read_text().splitlines()]
         with safe_open(str(output / mode / "final" / "model.safetensors"), "pt") as weights:
             found[mode] = ([r for r in records if r["kind"] == "train"],

@@ -13,7 +13,7 @@ import ray
 from conftest import small_config
 from grpo_dist.controller.errors import ChunkFailed
 from grpo_dist.seeding import prompt_seed
-from grpo_dist.controller.loop import Trainer
+from grpo_dist.controller.run import TrainingRun
 
 GROUP = 4
 
@@ -21,9 +21,9 @@ GROUP = 4
 @pytest.fixture(scope="module")
 def trainer(ray_cluster, tmp_path_factory):
     config = small_config(tmp_path_factory.mktemp("runs"), "rollout.engine=transformers", "rollout.chunk_prompts=2")
-    trainer = Trainer(config, run_dir=tmp_path_factory.mktemp("run"))
+    trainer = TrainingRun(config, run_dir=tmp_path_factory.mktemp("run"))
     trainer.start()
-    trainer.step(1)  # the learner is at version 1, and so is every engine
+    trainer.loop.step(1)  # the learner is at version 1, and so is every engine
     yield trainer
     trainer.stop()
 
@@ -36,13 +36,14 @@ def relabel(trainer, worker: int, version: int) -> None:
 
 
 def submit(trainer, prompts: int = 8):
-    return trainer.pipeline.submit(77, trainer.cursor.next_batch(prompts), trainer.sampling, trainer.version)
+    loop = trainer.loop
+    return loop.pipeline.submit(77, loop.cursor.next_batch(prompts), loop.sampling, loop.version)
 
 
 def test_chunks_alternate_workers_and_every_group_carries_its_version(trainer):
     batch = submit(trainer)
     assert [c.worker for c in batch.chunks] == [0, 0, 1, 1]  # contiguous shares, 2 prompts a chunk
-    scored = trainer.pipeline.collect(batch, trainer.version)
+    scored = trainer.loop.pipeline.collect(batch, trainer.loop.version)
     assert scored.versions == [1] * 4 and scored.metrics["rollout/staleness_max"] == 0
     groups = [g for chunk in ray.get(scored.group_refs) for g in chunk]
     assert [g.prompt_index for g in groups] == [p.index for c in batch.chunks for p in c.prompts]
@@ -53,29 +54,29 @@ def test_chunks_alternate_workers_and_every_group_carries_its_version(trainer):
 
 def test_a_chunk_sampled_by_other_weights_is_generated_again_after_the_current_weights(trainer):
     relabel(trainer, 1, 0)  # worker 1 now claims version 0, as a restarted engine would
-    retries = trainer.counters["rollout/retries"]
+    retries = trainer.loop.counters["rollout/retries"]
     batch = submit(trainer)
-    scored = trainer.pipeline.collect(batch, trainer.version)
+    scored = trainer.loop.pipeline.collect(batch, trainer.loop.version)
     assert scored.versions == [1] * 4, "worker 1 got version 1 again, then generated its chunks again"
     assert [c.worker for c in batch.chunks] == [0, 0, 1, 1]
     assert scored.metrics["rollout/dropped_stale"] == 4.0  # groups
-    assert trainer.counters["rollout/retries"] == retries + 2  # chunks
+    assert trainer.loop.counters["rollout/retries"] == retries + 2  # chunks
     assert {g.policy_version for chunk in ray.get(scored.group_refs) for g in chunk} == {1}
-    trainer.supervisor.verify_through(trainer.version)  # the repair's push: the learner's weights, verified
-    assert not trainer.weights.pending and trainer.counters["rollout/restarts"] == 0  # no process died
+    trainer.supervisor.verify_through(trainer.loop.version)  # the repair's push: the learner's weights, verified
+    assert not trainer.publisher.pending and trainer.loop.counters["rollout/restarts"] == 0  # no process died
 
 
 def test_a_later_round_of_a_step_continues_its_positions_and_the_rounds_combine(trainer):
     """Dynamic sampling's extra rounds: seeds prompt_seed(seed, step, position) with positions
     after the earlier rounds', chunk numbers after theirs; one step's metrics over every round."""
     first = submit(trainer, 4)
-    later = trainer.pipeline.submit(77, trainer.cursor.next_batch(3), trainer.sampling, trainer.version,
-                                    after=first)
+    loop = trainer.loop
+    later = loop.pipeline.submit(77, loop.cursor.next_batch(3), loop.sampling, loop.version, after=first)
     assert (later.first_position, later.end) == (4, 7) and [c.index for c in later.chunks] == [2, 3]
     assert [seed for c in later.chunks for seed in c.seeds] == [prompt_seed(trainer.config.trainer.seed, 77, p)
                                                                  for p in range(4, 7)]
-    rounds = [(batch, trainer.pipeline.collect(batch, trainer.version)) for batch in (first, later)]
-    whole = trainer.pipeline.combine(rounds, trainer.version)
+    rounds = [(batch, trainer.loop.pipeline.collect(batch, trainer.loop.version)) for batch in (first, later)]
+    whole = trainer.loop.pipeline.combine(rounds, trainer.loop.version)
     assert whole.group_refs == [c.scored for c in first.chunks + later.chunks] and whole.versions == [1] * 4
     means = [scored.metrics["reward/mean"] for _, scored in rounds]
     assert whole.metrics["reward/mean"] == pytest.approx((16 * means[0] + 12 * means[1]) / 28)  # by completions
@@ -88,10 +89,10 @@ def test_a_chunk_that_keeps_failing_stops_the_run_with_a_clear_error(trainer):
     try:
         with pytest.raises(ChunkFailed, match=r"rollout worker 0: generate_chunk \(chunk 0 of step 77\): gave up "
                                               r"after 0 retries: sampled by policy version 0, not 1"):
-            trainer.pipeline.collect(submit(trainer), trainer.version)
+            trainer.loop.pipeline.collect(submit(trainer), trainer.loop.version)
     finally:
         trainer.supervisor.max_retries = trainer.config.cluster.max_restarts + 1
-        relabel(trainer, 0, trainer.version)
+        relabel(trainer, 0, trainer.loop.version)
 
 
 def driver_memory(run) -> dict[str, int]:
@@ -115,14 +116,15 @@ def test_the_driver_holds_no_groups_when_the_batch_grows_tenfold(trainer):
     The baseline, in the same process: fetching a batch of the same size into the driver, as
     the synchronous controller did, grows with the batch.
     """
-    trainer.pipeline.chunk_prompts = 16
+    loop = trainer.loop
+    loop.pipeline.chunk_prompts = 16
     measured = {}
     for prompts in (8, 80):
         trainer.config.rollout.prompts_per_step = prompts
-        trainer.step(trainer.version + 1)  # the batch in flight still has the old size
+        loop.step(loop.version + 1)  # the batch in flight still has the old size
         measured[prompts] = {
-            "steps": driver_memory(lambda: [trainer.step(trainer.version + 1) for _ in range(2)]),
-            "fetched": driver_memory(lambda: trainer.rollout(trainer.cursor.next_batch(prompts), trainer.sampling, 99)),
+            "steps": driver_memory(lambda: [loop.step(loop.version + 1) for _ in range(2)]),
+            "fetched": driver_memory(lambda: loop.rollout(loop.cursor.next_batch(prompts), loop.sampling, 99)),
         }
     print("driver memory, bytes:", measured)
     steps, fetched = ({size: measured[size][kind] for size in (8, 80)} for kind in ("steps", "fetched"))
@@ -138,12 +140,12 @@ def test_the_driver_holds_no_groups_when_the_batch_grows_tenfold(trainer):
 def test_batches_submitted_for_steps_that_will_not_run_are_cancelled(trainer):
     """An early stop (trainer.max_wall_seconds) leaves batches in flight: they are cancelled,
     and the workers serve the next calls (the final evaluation) right after."""
-    trainer.fill(trainer.submitted + 3)
-    in_flight = [chunk.info for batch in trainer.in_flight for chunk in batch.chunks]
-    assert len(trainer.in_flight) >= 3
-    trainer.discard_in_flight()
-    assert not trainer.in_flight
-    assert len(trainer.rollout(trainer.cursor.next_batch(4), trainer.sampling, 99)) == 4
+    trainer.loop.fill(trainer.loop.submitted + 3)
+    in_flight = [chunk.info for batch in trainer.loop.in_flight for chunk in batch.chunks]
+    assert len(trainer.loop.in_flight) >= 3
+    trainer.loop.discard_in_flight()
+    assert not trainer.loop.in_flight
+    assert len(trainer.loop.rollout(trainer.loop.cursor.next_batch(4), trainer.loop.sampling, 99)) == 4
     cancelled = 0
     for ref in in_flight:
         try:
@@ -160,12 +162,12 @@ def test_a_generate_past_the_timeout_is_a_hung_worker_killed_and_its_chunk_gener
     worker = trainer.actors.rollouts[1]
     pid = ray.get(worker.__ray_call__.remote(lambda _: os.getpid()))
     busy = worker.__ray_call__.remote(lambda _: time.sleep(120))  # worker 1 hangs
-    hangs, restarts = trainer.counters["rollout/hangs"], trainer.counters["rollout/restarts"]
-    timeout_s, trainer.pipeline.timeout_s = trainer.pipeline.timeout_s, 10.0
+    hangs, restarts = trainer.loop.counters["rollout/hangs"], trainer.loop.counters["rollout/restarts"]
+    timeout_s, trainer.loop.pipeline.timeout_s = trainer.loop.pipeline.timeout_s, 10.0
     try:
-        scored = trainer.pipeline.collect(submit(trainer), trainer.version)
+        scored = trainer.loop.pipeline.collect(submit(trainer), trainer.loop.version)
     finally:
-        trainer.pipeline.timeout_s = timeout_s
+        trainer.loop.pipeline.timeout_s = timeout_s
     try:  # (no pytest.raises: its traceback would keep `busy`, and its error in the driver's store, alive)
         ray.get(busy, timeout=60)
         killed = False
@@ -173,7 +175,8 @@ def test_a_generate_past_the_timeout_is_a_hung_worker_killed_and_its_chunk_gener
         killed = True
     del busy
     assert killed
-    assert trainer.counters["rollout/hangs"] == hangs + 1 and trainer.counters["rollout/restarts"] == restarts + 1
+    counters = trainer.loop.counters
+    assert counters["rollout/hangs"] == hangs + 1 and counters["rollout/restarts"] == restarts + 1
     assert ray.get(worker.__ray_call__.remote(lambda _: os.getpid())) != pid  # killed; Ray started it again
-    assert scored.versions == [trainer.version] * len(scored.versions)  # its chunks: sampled by the right weights
-    trainer.supervisor.verify_through(trainer.version)  # the repair's push: the learner's weights, verified
+    assert scored.versions == [trainer.loop.version] * len(scored.versions)  # its chunks: sampled by the right weights
+    trainer.supervisor.verify_through(trainer.loop.version)  # the repair's push: the learner's weights, verified

@@ -17,7 +17,7 @@ from grpo_dist.config import load_config
 from grpo_dist.metrics import MetricsLog
 from grpo_dist.controller.placement import Role, create_placement_group, in_bundle, roles
 from grpo_dist.controller.actors import Actors
-from grpo_dist.controller.loop import Trainer
+from grpo_dist.controller.run import TrainingRun
 
 ENGINES = {"num_cpus": 2, "resources": {"engine_node": 4}, "labels": {"pool": "engines"}}
 TRAINER = {"num_cpus": 2, "num_gpus": 1, "resources": {"trainer_node": 4}, "labels": {"pool": "trainer"}}
@@ -112,7 +112,7 @@ def test_a_run_places_every_role_where_configured(two_nodes, tmp_path, mode):
         f"trainer.mode={mode}", "trainer.steps=3", "trainer.eval_every=0", "trainer.save_final=false",
         "trainer.progress=false", "trainer.loggers=[jsonl]", f"trainer.output_dir={tmp_path}",
     ])
-    trainer = Trainer(config, tmp_path / mode)
+    trainer = TrainingRun(config, tmp_path / mode)
     trainer.start()
     try:
         where = {
@@ -127,7 +127,7 @@ def test_a_run_places_every_role_where_configured(two_nodes, tmp_path, mode):
         trainer.verify_weights()
         (tmp_path / mode).mkdir()
         log = MetricsLog(tmp_path / mode, config)
-        assert trainer.train(log, time.time()) == 3  # every push's checksums are checked
+        assert trainer.loop.train(log, time.time()) == 3  # every push's checksums are checked
         log.close()
         trainer.verify_weights()  # every engine serves the learner's final weights
         learner_checksum = ray.get(trainer.actors.learner.checksum.remote())

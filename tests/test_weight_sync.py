@@ -15,7 +15,7 @@ import ray
 import grpo_dist.config
 from conftest import ENGINES, small_config
 from grpo_dist.config import Config, ConfigError, load_config, resolve_weight_sync
-from grpo_dist.controller.loop import Trainer
+from grpo_dist.controller.run import TrainingRun
 from grpo_dist.weights import ObjectStoreSync, make_weight_sync
 from grpo_dist.weights.errors import WeightSyncError
 from grpo_dist.weights.nccl import NcclSync, engine_rank_offsets
@@ -96,7 +96,7 @@ def test_the_cli_rejects_nccl_without_gpus_before_ray_starts():
 def trainer(request, ray_cluster, tmp_path_factory):
     """A trainer whose weights travel by broadcast over a gloo weight group (NcclSync on the CPU)."""
     config = small_config(tmp_path_factory.mktemp("runs"), f"rollout.engine={request.param}")
-    trainer = Trainer(config, run_dir=tmp_path_factory.mktemp("run"))
+    trainer = TrainingRun(config, run_dir=tmp_path_factory.mktemp("run"))
     trainer.start(lambda _, learner, rollouts: NcclSync(learner, rollouts, timeout_s=60, bucket_bytes=256 << 10,
                                                         backend="gloo"))
     yield trainer
@@ -112,7 +112,7 @@ def test_the_group_has_the_learner_and_every_engine_worker(trainer):
 def test_steps_broadcast_the_new_weights_to_every_worker(trainer):
     learner = trainer.actors.learner
     before = ray.get(learner.checksum.remote())
-    metrics = [trainer.step(step) for step in (1, 2)]  # each ends with sync.push and the checksum check
+    metrics = [trainer.loop.step(step) for step in (1, 2)]  # each ends with sync.push and the checksum check
     after = ray.get(learner.checksum.remote())
     assert after != before
     assert [ray.get(w.checksum.remote()) for w in trainer.actors.rollouts] == [after, after]
@@ -124,10 +124,10 @@ def test_steps_broadcast_the_new_weights_to_every_worker(trainer):
 def test_a_stale_worker_is_caught_and_the_next_broadcast_repairs_it(trainer):
     weights = ray.get(trainer.actors.learner.export_weights.remote())
     stale = {name: tensor + 0.01 if tensor.is_floating_point() else tensor for name, tensor in weights.items()}
-    ray.get(trainer.actors.rollouts[0].load_weights.remote(stale, trainer.version))
+    ray.get(trainer.actors.rollouts[0].load_weights.remote(stale, trainer.loop.version))
     with pytest.raises(WeightSyncError, match=r"\[0\]"):
         trainer.verify_weights()
-    trainer.transport.push(trainer.version)  # the same version again, over the weight group (as a resume does)
+    trainer.transport.push(trainer.loop.version)  # the same version again, over the weight group (as a resume does)
     trainer.verify_weights()
 
 
@@ -145,8 +145,8 @@ def test_a_restarted_worker_rejoins_the_weight_group_formed_again(trainer):
     worker = trainer.actors.rollouts[0]
     pid = ray.get(worker.__ray_call__.remote(lambda _: os.getpid()))
     os.kill(pid, signal.SIGKILL)
-    step = trainer.version + 1
-    metrics = [trainer.step(step), trainer.step(step + 1)]
+    step = trainer.loop.version + 1
+    metrics = [trainer.loop.step(step), trainer.loop.step(step + 1)]
     assert sum(m["rollout/restarts"] for m in metrics) == 1  # (the step whose batch it lost counts it)
     assert trainer.transport.regroups >= 1 and ray.get(worker.__ray_call__.remote(lambda _: os.getpid())) != pid
     assert all(m["weights/verified_version"] >= s - 1 for m, s in zip(metrics, (step, step + 1)))

@@ -1,15 +1,18 @@
 """The controller: the driver's side of a run, one file per step of it.
 
-    loop.py         Trainer: the step loop (sync is async with max_staleness 0), evaluation, the run's summary
-    actors.py       the actors started in their placement groups, stopped; the learner's calls (LearnerWatch)
-    placement.py    placement groups per role, and whether a cluster can hold the run at all
-    pipeline.py     a step's prompts in chunks, rollout -> reward -> learner, by reference
-    dynamic.py      DAPO's dynamic sampling: rounds until a step holds enough informative groups
-    publish.py      publishing each policy version to the engines and verifying what they serve
-    recovery.py     the Supervisor: restarted actors counted and caught up, chunks sent again
-    checkpoints.py  run checkpoints written atomically, resumes checked and restored
-    signals.py      SIGINT/SIGTERM: finish the step, save, stop
-    errors.py       what ends a run, and with which exit code
+    run.py            TrainingRun: the actors started and stopped, evaluations before and after, the summary
+    loop.py           StepLoop: fill, step, train (sync is async with max_staleness 0), checkpoints on schedule
+    evaluator.py      Evaluator: the held-out accuracy inside a run, evaluated again when an actor is lost
+    checkpointing.py  Checkpointer: a step's checkpoint (driver's and learner's share) saved, a resume restored
+    actors.py         the actors started in their placement groups, stopped; the learner's calls (LearnerWatch)
+    placement.py      placement groups per role, and whether a cluster can hold the run at all
+    pipeline.py       a step's prompts in chunks, rollout -> reward -> learner, by reference
+    dynamic.py        DAPO's dynamic sampling: rounds until a step holds enough informative groups
+    publish.py        publishing each policy version to the engines and verifying what they serve
+    recovery.py       the Supervisor: restarted actors counted and caught up, chunks sent again
+    checkpoints.py    run checkpoints written atomically, resumes checked and restored
+    signals.py        SIGINT/SIGTERM: finish the step, save, stop
+    errors.py         what ends a run, and with which exit code
 
 Data flows one way: the loop drives the pipeline, the pipeline asks the supervisor to revive
 an actor, the supervisor asks the publisher to repair a worker's weights. No file here imports

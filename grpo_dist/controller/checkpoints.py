@@ -16,7 +16,7 @@ checkpoint as it was; the staging leftovers are removed by the next save, and a 
 fails (a full disk) removes its own and ends the run (SaveFailed). Nothing here starts Ray:
 the caller passes the learner's save as a function of the staging folder.
 
-A resume (loop.py) puts the run's logs back as they were at the checkpoint
+A resume (run.py) puts the run's logs back as they were at the checkpoint
 (`restore_metrics`), restores the cursor and the batches to draw first (`restore_data`)
 and the learner's share (Learner.load_state). Sampling needs no saved state: every
 completion's random stream derives from (seed, step, position, sample) (seeding.py).

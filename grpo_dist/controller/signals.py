@@ -10,12 +10,27 @@ wherever the driver is, also inside a wait on Ray, and the run stops without a c
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class StopRequest:
+    """The first SIGINT/SIGTERM received (`signum`, None until then): the step loop finishes the
+    step in progress, saves a checkpoint and returns."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    def __call__(self, signum: int) -> None:
+        self.signum = signum
+        name = signal.Signals(signum).name
+        print(f"{name}: finishing the step in progress, then saving a checkpoint (send {name} again to stop now)",
+              file=sys.stderr, flush=True)
 
 
 @contextmanager
