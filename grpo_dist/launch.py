@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             with timeline.phase("ray_start_beside_data"):
                 connected = connect_or_error(plan.config, join)
             with timeline.phase("trainer_imports_after_ray_start"):
-                Trainer, Actors = imported.result()
+                TrainingRun, Actors = imported.result()
             actors = None
             if connected is None:
                 with timeline.phase("actors_created"):
@@ -148,8 +148,8 @@ def main(argv: list[str] | None = None) -> int:
             if isinstance(connected, StartError):
                 raise connected
         # a resume restores its data cursor here, once: a cursor over other data exits here too
-        trainer = Trainer(plan.config, plan.run_dir, data=data, resume=plan.checkpoint, timeline=timeline,
-                          actors=actors)
+        trainer = TrainingRun(plan.config, plan.run_dir, data=data, resume=plan.checkpoint, timeline=timeline,
+                              actors=actors)
     except (ConfigError, CheckpointError, DataError, StartError) as exc:
         shutdown_ray()  # a start error after Ray started: the actors stop with it
         print(f"error: {exc}", file=sys.stderr)
