@@ -35,10 +35,13 @@ FAULTS = ("rollout/restarts", "rollout/retries", "rollout/hangs", "reward/restar
 def name_of(process: psutil.Process) -> str:
     """Ray's process title (ray::RolloutWorker...), else the command, shortened."""
     try:
-        line = " ".join(process.cmdline()) or process.name()
+        words = process.cmdline() or [process.name()]
     except psutil.Error:
         return "?"
-    return line[:60]
+    if words[0].startswith("ray::"):
+        return words[0][:60]
+    program = [w for w in words[:3] if not w.startswith("-")][-1]  # python's script, or the binary
+    return " ".join([Path(program).name, *words[words.index(program) + 1:]])[:60]
 
 
 def sample(leader: int) -> dict[int, tuple[str, float, int]]:
