@@ -2,7 +2,6 @@
 the shipped files) and two GRPO steps of the recipe through the launcher on the real model."""
 
 import json
-from pathlib import Path
 
 import pytest
 
