@@ -1,10 +1,14 @@
 """Learners and scored groups for the tests that train a learner directly (no Ray):
 test_learner, test_learner_group, test_lora, test_schedule, test_algorithms, test_dynamic."""
 
+from contextlib import contextmanager
+
+import ray
 import torch
 
 from grpo_dist.config import load_config
 from grpo_dist.data import build_prompts
+from grpo_dist.learner.group import start_learner
 from grpo_dist.learner.schedule import make_scheduler
 from grpo_dist.learner.worker import Learner
 from grpo_dist.models import load_tokenizer
@@ -64,3 +68,18 @@ def metric_tolerance(key: str) -> float:
     (clipped) weights stayed within 1e-6. Every other metric: 1e-4.
     """
     return 1e-3 if key in ("loss/total", "loss/kl", "policy/grad_norm") else 1e-4
+
+
+@contextmanager
+def learner_group(overrides, ranks):
+    """A started LearnerGroup of `ranks` ranks, closed and killed however the block ends: a
+    failed assertion must not leave its ranks holding the module cluster's CPUs (the next test's
+    ranks would wait for them until call_timeout_s)."""
+    group = start_learner(make_config(*overrides, f"learner.num_ranks={ranks}"))
+    try:
+        yield group
+    finally:
+        try:
+            ray.get(group.close.remote(), timeout=60)
+        finally:
+            ray.kill(group)

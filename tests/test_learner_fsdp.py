@@ -6,7 +6,6 @@ AdamW's first step turns float noise in near-zero gradients into differences of 
 """
 
 import sys
-from contextlib import contextmanager
 
 import pytest
 import ray
@@ -18,11 +17,10 @@ from grpo_dist.config import ConfigError, load_config
 from grpo_dist.controller.run import TrainingRun
 from grpo_dist.learner.batch import TrainBatch
 from grpo_dist.learner.distributed import DataParallel
-from grpo_dist.learner.group import start_learner
 from grpo_dist.learner.sharded import full
 from grpo_dist.weights.checksum import state_checksum
 from grpo_dist.weights.nccl import NcclSync
-from learner_helpers import make_config, make_learner, masters, metric_tolerance, scored_groups
+from learner_helpers import learner_group, make_config, make_learner, masters, metric_tolerance, scored_groups
 
 COMMON = ["algo.beta=0.1", "rollout.temperature=0.7", "learner.micro_batch_size=3", "learner.num_cpus=0.5",
           "learner.sharding=fsdp"]
@@ -67,21 +65,6 @@ def groups():
 def unsharded(overrides):
     """The same config for one unsharded learner."""
     return [item for item in overrides if not item.startswith(("learner.sharding=", "learner.offload="))]
-
-
-@contextmanager
-def learner_group(overrides, ranks):
-    """A started LearnerGroup of `ranks` ranks, closed and killed however the block ends: a
-    failed assertion must not leave its ranks holding the module cluster's CPUs (the next test's
-    ranks would wait for them until call_timeout_s)."""
-    group = start_learner(make_config(*overrides, f"learner.num_ranks={ranks}"))
-    try:
-        yield group
-    finally:
-        try:
-            ray.get(group.close.remote(), timeout=60)
-        finally:
-            ray.kill(group)
 
 
 def assert_one_rank_update(groups, overrides, ranks, atol=1e-5, **step):
