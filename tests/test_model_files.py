@@ -61,15 +61,20 @@ def test_a_gguf_file_is_not_a_model_folder(tmp_path):
         plan(f"model.path={gguf}")
 
 
+def launch_exits_2_in_one_line(out, *args: str) -> subprocess.CompletedProcess:
+    """`python -m grpo_dist.launch args` into `out`: exit 2 with one line on stderr (no Ray, no actor)."""
+    result = subprocess.run([sys.executable, "-m", "grpo_dist.launch", *args, f"trainer.output_dir={out}"],
+                            capture_output=True, text=True, timeout=120, cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert (result.returncode, result.stderr.count("\n")) == (2, 1), result.stderr
+    return result
+
 def test_chat_template_true_without_a_template_is_exit_2_before_ray_starts(folder, tmp_path):
     (folder / "chat_template.jinja").unlink()
     assert "chat_template" not in json.loads((folder / "tokenizer_config.json").read_text())
     assert plan(f"model.path={folder}", "data.chat_template=auto").config.model.path == str(folder)
     out = tmp_path / "out"
-    result = subprocess.run([sys.executable, "-m", "grpo_dist.launch", f"model.path={folder}", "data.chat_template=true",
-                             f"trainer.output_dir={out}"], capture_output=True, text=True, timeout=120, cwd=ROOT,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert (result.returncode, result.stderr.count("\n")) == (2, 1), result.stderr  # one line: no Ray, no actor
+    result = launch_exits_2_in_one_line(out, f"model.path={folder}", "data.chat_template=true")
     assert result.stderr == f"error: data.chat_template=true, but the tokenizer in {folder} has no chat template " \
                             "(chat_template.jinja or chat_template.json, or tokenizer_config.json's chat_template)\n"
     assert not out.exists()
@@ -90,10 +95,7 @@ def test_a_truncated_or_damaged_weight_file_is_exit_2_naming_it_before_ray_start
     assert plan(f"model.path={tiny}").config.model.path == str(tiny)  # whole: taken
     out = tmp_path / "out"
     os.truncate(weights, size - 1000)
-    result = subprocess.run([sys.executable, "-m", "grpo_dist.launch", f"model.path={tiny}",
-                             f"trainer.output_dir={out}"], capture_output=True, text=True, timeout=120, cwd=ROOT,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert (result.returncode, result.stderr.count("\n")) == (2, 1), result.stderr  # one line: no Ray, no actor
+    result = launch_exits_2_in_one_line(out, f"model.path={tiny}")
     assert result.stderr == f"error: model.path {weights}: {size - 1000} bytes, but its header says {size}: " \
                             "truncated or damaged (copy or download it again)\n"
     assert not out.exists()
