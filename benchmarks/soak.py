@@ -15,7 +15,6 @@ Exit 1 when a process grew past a bound, something was left behind, or the run f
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import subprocess
 import sys
@@ -28,6 +27,7 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 from faults import session_processes as session  # noqa: E402  (the tests' own: a run's processes)
+from runs import train_records as logged_steps  # noqa: E402  (metrics.jsonl's complete train lines)
 
 FAULTS = ("rollout/restarts", "rollout/retries", "rollout/hangs", "reward/restarts", "reward/retries", "reward/hangs")
 
@@ -53,14 +53,6 @@ def sample(leader: int) -> dict[int, tuple[str, float, int]]:
         except psutil.Error:
             pass
     return found
-
-
-def logged_steps(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    lines = [line for line in path.read_text().splitlines(keepends=True) if line.endswith("\n")]
-    return [r for r in map(json.loads, lines) if r.get("kind") == "train"]
 
 
 def wait_for_step(run: subprocess.Popen, run_dir: Path, step: int) -> None:

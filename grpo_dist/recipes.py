@@ -87,12 +87,15 @@ def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     """`update` laid over `base`, as a new tree that shares no dict or list with either (a
     resume's overrides must not write into the checkpoint's config they are compared with):
     mappings merge key by key, anything else replaces."""
-    merged = copy.deepcopy(base)
+    return copy.deepcopy(_laid_over(base, update))
+
+
+def _laid_over(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    """deep_merge's tree before its one copy: new dicts where both sides have one, else the values."""
+    merged = dict(base)
     for key, value in update.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = deep_merge(merged[key], value)
-        else:
-            merged[key] = copy.deepcopy(value)
+        both = isinstance(value, dict) and isinstance(merged.get(key), dict)
+        merged[key] = _laid_over(merged[key], value) if both else value
     return merged
 
 
