@@ -16,7 +16,7 @@ from ray.util.placement_group import placement_group_table
 
 from conftest import small_config
 from grpo_dist.controller.run import TrainingRun
-from grpo_dist.learner.group import PEER_DEATH_GRACE_S, ROUTES, LearnerGroup, offer_learner_methods, start_learner, unrouted
+from grpo_dist.learner.group import PEER_DEATH_GRACE_S, ROUTES, LearnerGroup, offer_learner_methods, unrouted
 from grpo_dist.learner.worker import Learner
 from grpo_dist.waits import CallTimeout
 from grpo_dist.weights.checksum import state_checksum
@@ -209,18 +209,16 @@ def test_a_group_serves_saves_and_loads_like_one_learner(ray_cluster, groups, tm
     """bfloat16 with float32 masters; the export is rank 0's served weights; save_state by rank
     0, load_state on every rank; close() gives the placement group back."""
     free = ray.available_resources()["CPU"]
-    group = start_learner(make_config(*COMMON, "model.dtype=bfloat16", "learner.num_ranks=2"))
-    ray.get(group.train_step.remote(groups))
-    saved = ray.get(group.checksum.remote())
-    assert state_checksum(ray.get(group.export_weights.remote())) == saved
-    assert {t.dtype for t in ray.get(group.export_weights.remote()).values()} == {torch.bfloat16}
-    ray.get(group.save_state.remote(str(tmp_path / "state")))
-    metrics = ray.get(group.train_step.remote(groups))
-    assert metrics["policy/version"] == 2.0 and ray.get(group.checksum.remote()) != saved
-    ray.get(group.load_state.remote(str(tmp_path / "state")))
-    assert ray.get(group.checksum.remote()) == saved  # every rank back (checksum compares them)
-    ray.get(group.close.remote())
-    ray.kill(group)
+    with learner_group([*COMMON, "model.dtype=bfloat16"], 2) as group:  # closed and killed at the end
+        ray.get(group.train_step.remote(groups))
+        saved = ray.get(group.checksum.remote())
+        assert state_checksum(ray.get(group.export_weights.remote())) == saved
+        assert {t.dtype for t in ray.get(group.export_weights.remote()).values()} == {torch.bfloat16}
+        ray.get(group.save_state.remote(str(tmp_path / "state")))
+        metrics = ray.get(group.train_step.remote(groups))
+        assert metrics["policy/version"] == 2.0 and ray.get(group.checksum.remote()) != saved
+        ray.get(group.load_state.remote(str(tmp_path / "state")))
+        assert ray.get(group.checksum.remote()) == saved  # every rank back (checksum compares them)
     assert all(v["state"] == "REMOVED" for v in placement_group_table().values()
                if v["bundles"] == {0: {"CPU": 0.5}, 1: {"CPU": 0.5}})
     # Ray returns resources asynchronously, the group's and an earlier test's actors' alike: at
