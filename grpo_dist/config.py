@@ -216,6 +216,9 @@ class RewardConfig(Section):
     accuracy_from: str = Field("exact_answer", description="the function whose score 1.0 counts as correct")
     failure_score: float = Field(0.0, description="score of a sample whose reward raised or timed out")
     timeout_s: float = Field(10.0, gt=0, description="per-sample deadline of a reward function")
+    batch_timeout_s: float = Field(
+        300.0, gt=0, description="deadline of one call of a batched reward (a reward actor's whole share of a chunk)"
+    )
     num_workers: int = Field(1, ge=1, description="reward actors")
     placement: Strategy = Field("pack", description="placement group strategy of the reward actors")
     num_cpus: float = Field(0.25, ge=0, description="Ray CPUs per reward actor")

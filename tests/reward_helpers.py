@@ -3,6 +3,7 @@
 import asyncio
 import math
 import os
+import sys
 import time
 
 from grpo_dist.reward.registry import batched, inline
@@ -79,3 +80,55 @@ async def async_blocks(prompt: str, completion: str, **fields: object) -> float:
     """Blocks its event loop for float(completion) seconds (a sync sleep in an async reward)."""
     time.sleep(float(completion))  # noqa: ASYNC251 - on purpose
     return 1.0
+
+
+def hang_for(completion: str) -> None:
+    """For "sleep N" sleeps N seconds, for "spin N" runs a Python loop N seconds (a hang that
+    ends, so that a thread left running it does not outlive the test by much)."""
+    how, _, seconds = completion.partition(" ")
+    end = time.monotonic() + float(seconds or 0)
+    if how == "sleep":
+        time.sleep(float(seconds))
+    while how == "spin" and time.monotonic() < end:
+        pass
+
+
+@inline
+def inline_hangs(prompt: str, completion: str, **fields: object) -> float:
+    """Hangs on "sleep N" and "spin N" (hang_for), else the completion read as a number."""
+    hang_for(completion)
+    return float(completion.split()[-1])
+
+
+@batched
+def batched_hangs(prompts: list[str], completions: list[str], **fields: list) -> list[float]:
+    """Hangs on the batch's first completion (hang_for), then scores each completion's length."""
+    hang_for(completions[0])
+    return [float(len(text)) for text in completions]
+
+
+MEBIBYTE = 1 << 20
+
+
+def print_megabytes() -> None:
+    """1 MiB of "x" to stdout and of "y" to stderr."""
+    print("x" * MEBIBYTE, flush=True)
+    print("y" * MEBIBYTE, file=sys.stderr, flush=True)
+
+
+@inline
+def inline_prints(prompt: str, completion: str, **fields: object) -> float:
+    print_megabytes()
+    return 1.0
+
+
+async def async_prints(prompt: str, completion: str, **fields: object) -> float:
+    print_megabytes()
+    return 1.0
+
+
+@batched
+def batched_prints(prompts: list[str], completions: list[str], **fields: list) -> list[float]:
+    for _ in completions:
+        print_megabytes()
+    return [1.0] * len(completions)

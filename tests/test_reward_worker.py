@@ -11,6 +11,7 @@ import ray
 import reward_helpers
 
 from grpo_dist.config import load_config
+from grpo_dist.reward.pool import OUTPUT_LIMIT
 from grpo_dist.reward.worker import RewardWorker
 from grpo_dist.types import Completion, Group
 from test_code_sandbox import sandbox_processes
@@ -108,6 +109,56 @@ def test_an_inline_reward_runs_in_the_actor_and_a_failure_costs_its_sample():
     assert failures == {f"reward/{name}/failures": 2.0, "reward/exact_answer/failures": 0.0,
                         f"reward/{name}/first_error": "exception: ValueError: could not convert string to float: 'two'"}
     assert reward_helpers.PIDS == {os.getpid()}
+
+
+@pytest.mark.timeout(30)
+def test_an_inline_reward_that_hangs_costs_its_sample_and_moves_into_the_scoring_pool():
+    """A sync sleep and a Python loop past reward.timeout_s: each costs its sample at the deadline.
+    After the first, the reward is scored in the pool (where the second is killed), for good."""
+    name = "reward_helpers:inline_hangs"
+    reward = worker(name, f"{{name: '{name}'}}", timeout_s=0.5, failure_score=-1.0)
+    try:
+        start = time.monotonic()
+        [scored], failures = reward.score([group(["1", "spin 3", "2", "sleep 3", "3"])])
+        assert scored.rewards == [1.0, -1.0, 2.0, -1.0, 3.0]
+        assert failures == {f"reward/{name}/failures": 2.0, f"reward/{name}/first_error": "timeout"}
+        assert time.monotonic() - start < 5  # two deadlines and the pool's start, not 6 s of hangs
+        assert reward.kinds[name] == "sample" and len(reward.pool.worker_pids) == 1
+        [scored], _ = reward.score([group(["4", "sleep 3"])])
+        assert scored.rewards == [4.0, -1.0]
+    finally:
+        reward.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_batched_reward_that_hangs_fails_its_batch_and_the_calls_while_it_has_not_returned():
+    name = "reward_helpers:batched_hangs"
+    reward = worker(name, f"{{name: '{name}'}}", batch_timeout_s=0.5, failure_score=-1.0)
+    start = time.monotonic()
+    [scored], failures = reward.score([group(["sleep 1.5", "ab"])])
+    assert scored.rewards == [-1.0, -1.0] and failures[f"reward/{name}/first_error"] == "timeout"
+    assert time.monotonic() - start < 1.2
+    [scored], failures = reward.score([group(["abc"])])  # at once: the stuck call still runs
+    assert scored.rewards == [-1.0] and time.monotonic() - start < 1.2
+    assert failures[f"reward/{name}/first_error"] == "timeout: its call past reward.batch_timeout_s has not returned"
+    reward.stuck[name].join(5)
+    [scored], failures = reward.score([group(["abc", "de"])])  # it returned: the reward scores again
+    assert scored.rewards == [3.0, 2.0] and failures == {f"reward/{name}/failures": 0.0}
+
+
+@pytest.mark.parametrize("kind", ["inline", "async", "batched"])
+def test_what_a_reward_in_the_actor_prints_is_cut_as_the_scoring_pools_is(kind, capfd):
+    """1 MiB to stdout and to stderr per sample, 3 samples: the first 64 KiB of each stream per
+    function and chunk reach the actor's log, then one line says so; the scores are as usual."""
+    name = f"reward_helpers:{kind}_prints"
+    reward = worker(name, f"{{name: '{name}'}}")
+    [scored], failures = reward.score([group(["a", "b", "c"])])
+    print("after")
+    out, err = capfd.readouterr()
+    assert scored.rewards == [1.0] * 3 and failures == {f"reward/{name}/failures": 0.0}
+    assert out.count("x") == err.count("y") == OUTPUT_LIMIT
+    assert out.count("[reward output cut at 65536 characters]") == err.count("[reward output cut at") == 1
+    assert out.endswith("after\n")  # the actor's own streams are back
 
 
 def test_a_batched_class_is_built_once_with_its_options():

@@ -3,16 +3,16 @@
 A reward comes in one of four kinds, told apart by how it is defined:
 - "sample": `fn(prompt, completion, **fields) -> float`, run in the scoring pool's
   processes, one deadline per sample;
-- "inline": the same, marked with `@inline`: quick, pure and bounded (a parse and a
-  comparison), so called in the reward actor's own thread, with no deadline and no process
+- "inline": the same, marked with `@inline`: quick and pure (a parse and a comparison), so
+  called in the reward actor's process, on a thread under the same deadline, with no process
   of its own (the default job's 256 exact_answer scores a step: 8.1 ms through the pool, 1.1 ms inline); an exception
-  still costs only its sample;
+  still costs only its sample, and one that passes its deadline moves the reward into the pool;
 - "async": `async def fn(prompt, completion, **fields) -> float`, awaited in the reward
   actor, every sample of a batch concurrently, each under the same deadline;
 - "batched": marked with `@batched`, `fn(prompts, completions, **fields) -> list[float]`
   where each field is a list with one value per sample. A batched class is built once per
   reward actor with the configured options (a model stays loaded) and its instances are
-  called per batch, in the actor's process.
+  called per batch, in the actor's process, on a thread under `reward.batch_timeout_s`.
 
 Options (`RewardFunctionConfig.kwargs`) are keyword arguments: every call gets them, or
 a batched class's constructor. `check_options` validates them before any actor starts.
@@ -52,8 +52,8 @@ def batched(reward: R) -> R:
 
 
 def inline(reward: R) -> R:
-    """Mark a per-sample reward to be called in the reward actor's thread (see the module docstring):
-    only for one that cannot hang or crash its process, since nothing bounds it there."""
+    """Mark a per-sample reward to be called in the reward actor's process (see the module docstring):
+    only for a quick one that cannot crash its process; a hang costs its sample and a stuck thread."""
     reward.inline = True  # type: ignore[attr-defined]
     return reward
 

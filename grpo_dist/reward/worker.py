@@ -2,25 +2,31 @@
 
 Per-sample rewards run in a pool of scoring processes with a deadline per sample (the
 unit-test runner's programs run there in parallel, `processes` at a time), except those
-marked `@inline` (quick and bounded: exact_answer, length_penalty), called here; async rewards
-are awaited here, concurrently, each under the same deadline; batched rewards (a reward
-model) are called here once per batch. A reward that raises, hangs or returns NaN costs
-the sample (for a batched reward that raises: the whole batch) `failure_score` and a
-counter in the metrics; it never stops the run.
+marked `@inline` (quick: exact_answer, length_penalty), called here on a thread, each under the
+same deadline (one that passes it moves that reward into the pool); async rewards are awaited
+here, concurrently, each under the same deadline; batched rewards (a reward model) are called
+here on a thread once per batch, under `batch_timeout_s`. What they print is capped
+(bounded.py). A reward that raises, hangs or returns NaN costs the sample (for a batched
+reward that raises or hangs: the whole batch) `failure_score` and a counter in the metrics;
+it never stops the run.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from grpo_dist.config import RewardConfig, RewardFunctionConfig
 from grpo_dist.coroutines import CoroutineLoop
+from grpo_dist.reward.bounded import call_in_order, capped_output
 from grpo_dist.reward.chunk_stats import FAILURES, FIRST_ERROR, informative, per_group, summarize
-from grpo_dist.reward.pool import ScoreOutcome, ScoringPool, call_outcome, exception_outcome, value_outcome
+from grpo_dist.reward.pool import (Item, ScoreOutcome, ScoringPool, call_outcome, exception_outcome,
+                                   value_outcome)
 from grpo_dist.reward.registry import (
     COMPLETION_TOKENS,
     Reward,
@@ -69,8 +75,10 @@ class RewardWorker:
         self.kinds = {name: reward_kind(function) for name, function in self.functions.items()}
         self.batched = {f.name: _build_batched(self.functions[f.name], f) for f in reward.functions
                         if self.kinds[f.name] == "batched"}
-        has_sample_rewards = "sample" in self.kinds.values()
-        self.pool = ScoringPool(reward.processes, reward.timeout_s) if has_sample_rewards else None
+        self.pool: ScoringPool | None = None
+        if "sample" in self.kinds.values():
+            self.pool = ScoringPool(reward.processes, reward.timeout_s)
+        self.stuck: dict[str, threading.Thread] = {}  # a batched reward's call past its deadline
 
     def score(self, groups: list[Group]) -> tuple[list[Group], dict[str, float]]:
         """Fill each group's `rewards` (weighted sum) and `reward_parts` (per function)."""
@@ -84,7 +92,8 @@ class RewardWorker:
         parts: dict[str, list[float]] = {}
         failures: dict[str, Any] = {}
         for function in self.config.functions:
-            outcomes = self.outcomes(function, samples)
+            with capped_output():
+                outcomes = self.outcomes(function, samples)
             values = [self.config.failure_score if o.error else o.value for o in outcomes]
             errors = [o.error for o in outcomes if o.error is not None]
             failures[f"reward/{function.name}{FAILURES}"] = float(len(errors))
@@ -123,21 +132,52 @@ class RewardWorker:
         """One function's outcome for each sample, by the function's kind."""
         kind = self.kinds[function.name]
         if kind == "batched":
-            return _call_batched(self.batched[function.name], samples)
+            return self.batched_outcomes(function.name, samples)
         reward = self.functions[function.name]
         with_tokens = takes_completion_tokens(reward)
         keywords = [_keywords(function, sample, with_tokens) for sample in samples]
+        items = [(s.prompt, s.completion, k) for s, k in zip(samples, keywords)]
         if kind == "inline":
-            return [call_outcome(reward, (s.prompt, s.completion, k)) for s, k in zip(samples, keywords)]
+            return self.inline_outcomes(function.name, items)
         if kind == "async":
             coroutines = CoroutineLoop("reward-coroutines")
             try:
                 return asyncio.run(_await_each(reward, samples, keywords, self.config.timeout_s, coroutines))
             finally:
                 coroutines.stop()
-        assert self.pool is not None
-        items = [(s.prompt, s.completion, k) for s, k in zip(samples, keywords)]
-        return self.pool.score(reward_spec(function.name), items)
+        return self.scoring_pool().score(reward_spec(function.name), items)
+
+    def inline_outcomes(self, name: str, items: list[Item]) -> list[ScoreOutcome]:
+        """An inline reward's outcomes, called in order on a thread, each under `timeout_s`. At the
+        first call past it, that sample fails and the reward moves into the scoring pool for good
+        (where a hang is killed): its stuck thread is left, one per reward at most."""
+        calls = [functools.partial(call_outcome, self.functions[name], item) for item in items]
+        done = call_in_order(calls, self.config.timeout_s, f"reward-{name}")
+        if done.stuck is None:
+            return done.results
+        self.kinds[name] = "sample"
+        print(f"warning: inline reward {name} passed reward.timeout_s={self.config.timeout_s}; its call is left "
+              "running on a thread and it is scored in the scoring pool from now on", file=sys.__stderr__)
+        rest = items[len(done.results) + 1:]
+        return [*done.results, ScoreOutcome(None, "timeout"), *self.scoring_pool().score(reward_spec(name), rest)]
+
+    def batched_outcomes(self, name: str, samples: list[Sample]) -> list[ScoreOutcome]:
+        """A batched reward's outcomes, its call on a thread under `batch_timeout_s`: past it, every
+        sample of the call fails, and so does each later call while the stuck one has not returned."""
+        if name in self.stuck and self.stuck[name].is_alive():
+            return [ScoreOutcome(None, "timeout: its call past reward.batch_timeout_s has not returned")] * len(samples)
+        done = call_in_order([functools.partial(_call_batched, self.batched[name], samples)],
+                             self.config.batch_timeout_s, f"reward-{name}")
+        if done.stuck is None:
+            return done.results[0]
+        self.stuck[name] = done.stuck
+        return [ScoreOutcome(None, "timeout")] * len(samples)
+
+    def scoring_pool(self) -> ScoringPool:
+        """The scoring processes, started when a reward first needs them."""
+        if self.pool is None:
+            self.pool = ScoringPool(self.config.processes, self.config.timeout_s)
+        return self.pool
 
     def close(self) -> None:
         if self.pool is not None:
