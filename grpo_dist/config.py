@@ -217,7 +217,8 @@ class RewardConfig(Section):
     failure_score: float = Field(0.0, description="score of a sample whose reward raised or timed out")
     timeout_s: float = Field(10.0, gt=0, description="per-sample deadline of a reward function")
     batch_timeout_s: float = Field(
-        300.0, gt=0, description="deadline of one call of a batched reward (a reward actor's whole share of a chunk)"
+        300.0, gt=0, description="deadline of one call of a batched reward (a reward actor's share of a chunk); "
+        "keep it below trainer.call_timeout_s, past which the reward actor counts as hung"
     )
     num_workers: int = Field(1, ge=1, description="reward actors")
     placement: Strategy = Field("pack", description="placement group strategy of the reward actors")
