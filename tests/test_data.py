@@ -171,6 +171,12 @@ def test_unreadable_malformed_and_empty_sources(tmp_path):
     (tmp_path / "blank.jsonl").write_text("\n\n")
     with pytest.raises(DataError, match="blank.jsonl: no rows"):
         load_table(str(tmp_path / "blank.jsonl"))
+    (tmp_path / "binary.json").write_bytes(b'[{"prompt": "a", "answer": "1"},\n {"prompt": "caf\xe9"}]')  # a .json
+    with pytest.raises(DataError, match="binary.json:2: not UTF-8: byte 0xe9 at column 17"):  # file: its line
+        load_table(str(tmp_path / "binary.json"))
+    (tmp_path / "broken.json").write_text('[{"prompt": "a"},\n\n {"prompt": }]')
+    with pytest.raises(DataError, match=r"broken.json:3: not valid JSON: Expecting value: line 3 column 13"):
+        load_table(str(tmp_path / "broken.json"))
     (tmp_path / "object.json").write_text('{"prompt": "a"}')
     with pytest.raises(DataError, match="a JSON dataset is a list of rows"):
         load_table(str(tmp_path / "object.json"))
