@@ -157,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         summary = trainer.run(wait_report=False)  # drawn while Ray shuts down (finish_summary waits)
+        with timeline.phase("ray_shutdown"):
+            shutdown_ray()
+        summary = trainer.finish_summary(summary)  # report.png and summary.json: a full disk fails here too
     except FAILURES as exc:
         print(f"error: {exc}; {resume_hint(plan.run_dir)}", file=sys.stderr)
         return 1
@@ -164,14 +167,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"stopped: {exc or 'interrupted'}; {resume_hint(plan.run_dir)}", file=sys.stderr)
         return 128 + (trainer.stop_signal or signal.SIGINT)
     finally:
-        with timeline.phase("ray_shutdown"):
-            shutdown_ray()
-    summary = trainer.finish_summary(summary)
+        shutdown_ray()  # (again after a failure; a second call does nothing)
+    return summary_exit(summary, trainer.stop_signal, plan.run_dir)
+
+
+def summary_exit(summary: dict, stop_signal: int | None, run_dir: Path) -> int:
+    """Print the run's summary; the exit code: 0, or 128 + the signal that stopped the run."""
     print(json.dumps(summary, indent=2))
-    if trainer.stop_signal is not None:
-        print(f"stopped by {summary['stopped_by']} after step {summary['steps']}; {resume_hint(plan.run_dir)}",
+    if stop_signal is not None:
+        print(f"stopped by {summary['stopped_by']} after step {summary['steps']}; {resume_hint(run_dir)}",
               file=sys.stderr)
-        return 128 + trainer.stop_signal
+        return 128 + stop_signal
     return 0
 
 

@@ -18,6 +18,7 @@ import hashlib
 import json
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
@@ -25,6 +26,7 @@ from tqdm import tqdm
 
 from grpo_dist import grpo
 from grpo_dist.config import Config
+from grpo_dist.controller.errors import OutputFailed, writing
 from grpo_dist.types import Group
 
 CONSOLE_KEYS = (
@@ -98,11 +100,11 @@ class JsonlSink:
 
     def scalars(self, kind: str, step: int, metrics: dict[str, float]) -> None:
         record = {"kind": kind, "step": step, "wall_s": round(time.time() - self.started, 2), **metrics}
-        with self.metrics_path.open("a") as handle:
+        with writing(self.metrics_path), self.metrics_path.open("a") as handle:
             handle.write(json.dumps(record) + "\n")
 
     def samples(self, step: int, records: list[dict[str, Any]]) -> None:
-        with self.samples_path.open("a") as handle:
+        with writing(self.samples_path), self.samples_path.open("a") as handle:
             handle.writelines(json.dumps(record) + "\n" for record in records)
 
     def close(self) -> None:
@@ -152,18 +154,23 @@ class TensorBoardSink:
     def __init__(self, run_dir: Path, purge_step: int | None = None) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=purge_step)
+        self.folder = run_dir / "tensorboard"
+        with writing(self.folder):
+            self.writer = SummaryWriter(log_dir=str(self.folder), purge_step=purge_step)
 
     def scalars(self, kind: str, step: int, metrics: dict[str, float]) -> None:
-        for name, value in metrics.items():
-            self.writer.add_scalar(name, value, step)
-        self.writer.flush()
+        with writing(self.folder):
+            for name, value in metrics.items():
+                self.writer.add_scalar(name, value, step)
+            self.writer.flush()
 
     def samples(self, step: int, records: list[dict[str, Any]]) -> None:
-        self.writer.add_text("samples", samples_markdown(records), step)
+        with writing(self.folder):
+            self.writer.add_text("samples", samples_markdown(records), step)
 
     def close(self) -> None:
-        self.writer.close()
+        with writing(self.folder):
+            self.writer.close()
 
 
 class WandbSink:
@@ -194,7 +201,8 @@ class WandbSink:
 
 
 class MetricsLog:
-    """The one object the trainer logs through: it fans every call out to the configured sinks."""
+    """The one object the trainer logs through: it fans every call out to the configured sinks.
+    A file a sink cannot write (a full disk) raises OutputFailed, naming it: the run ends there."""
 
     def __init__(self, run_dir: Path, config: Config, started: float | None = None,
                  resumed_after: int | None = None) -> None:
@@ -207,16 +215,15 @@ class MetricsLog:
             self.sinks.append(TensorBoardSink(run_dir, None if resumed_after is None else resumed_after + 1))
         if "wandb" in trainer.loggers:
             self.sinks.append(WandbSink(run_dir, config))
+        self.failed = False  # a sink could not write: closing them may fail the same way
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         """A training step's metrics."""
-        for sink in self.sinks:
-            sink.scalars("train", step, metrics)
+        self._each(lambda sink: sink.scalars("train", step, metrics))
 
     def log_eval(self, step: int, metrics: dict[str, float]) -> None:
         """An evaluation's metrics (eval.evaluate), at the step whose weights were evaluated."""
-        for sink in self.sinks:
-            sink.scalars("eval", step, metrics)
+        self._each(lambda sink: sink.scalars("eval", step, metrics))
 
     def wants_samples(self, step: int) -> bool:
         every = self.config.trainer.samples_every
@@ -225,13 +232,26 @@ class MetricsLog:
     def log_samples(self, step: int, groups: list[Group]) -> None:
         """The first `trainer.samples_per_log` of a step's scored groups."""
         records = sample_records(groups[: self.config.trainer.samples_per_log], step, self.config.algo.advantage_scale)
-        for sink in self.sinks:
-            sink.samples(step, records)
+        self._each(lambda sink: sink.samples(step, records))
+
+    def _each(self, call: Callable[[Sink], None]) -> None:
+        try:
+            for sink in self.sinks:
+                call(sink)
+        except OutputFailed:
+            self.failed = True
+            raise
 
     def note(self, message: str) -> None:
         """A line on the console that does not break the progress bar."""
         self.console.note(message)
 
     def close(self) -> None:
+        """Close every sink; after a failed write, what closing one raises is dropped (the first
+        failure is the one to tell)."""
         for sink in self.sinks:
-            sink.close()
+            try:
+                sink.close()
+            except OutputFailed:
+                if not self.failed:
+                    raise

@@ -8,15 +8,19 @@ elsewhere these tests are skipped with that reason.
 
 import contextlib
 import os
+import re
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from grpo_dist.config import Config
+from grpo_dist.config import Config, load_config
 from grpo_dist.controller.checkpoints import (Checkpoint, SaveFailed, TrainerState, checkpoints, resume_hint,
                                               save_checkpoint, step_dir)
+from grpo_dist.controller.errors import OutputFailed
 from grpo_dist.launch import parse_args, plan_run
+from grpo_dist.metrics import MetricsLog, TensorBoardSink
+from grpo_dist.types import Completion, Group
 from runs import SMALL, finish, start
 
 
@@ -92,3 +96,69 @@ def test_a_run_whose_disk_fills_at_a_checkpoint_exits_1_with_the_resume_command(
         assert Checkpoint.load(step_dir(run_dir, 1)).state.step == 1
         plan = plan_run(parse_args(["--resume", str(run_dir)]))  # a later resume does not trip on anything
         assert plan.checkpoint.path == step_dir(run_dir, 1)
+
+
+def fill(disk: Path) -> None:
+    """Write into disk/filler until the disk is full (a file's last page may keep a few bytes of room)."""
+    with (disk / "filler").open("wb", buffering=0) as handle:
+        with contextlib.suppress(OSError):
+            while True:
+                handle.write(bytes(1 << 16))
+    assert os.statvfs(disk).f_bavail == 0
+
+
+MANY = {f"reward/part_{n}": float(n) for n in range(2000)}  # a record larger than a page's room
+
+
+@pytest.mark.parametrize("what", ["metrics", "samples"])
+def test_a_full_disk_under_the_logs_ends_the_run_naming_the_file(what, tmp_path):
+    """metrics.jsonl or samples.jsonl on a full disk: OutputFailed (exit 1 in launch, with the resume
+    command) naming the file; before, an OSError without it went up through the run as a traceback."""
+    with tmpfs(tmp_path / "disk", "1m") as disk:
+        run = disk / "run"
+        run.mkdir()
+        log = MetricsLog(run, load_config(None, ["trainer.progress=false", "trainer.samples_per_log=1"]))
+        log.log(1, {"reward/mean": 0.5})
+        fill(disk)
+        path = run / f"{what}.jsonl"
+        with pytest.raises(OutputFailed, match=f"could not write {re.escape(str(path))}: .*No space left on device"):
+            if what == "metrics":
+                log.log(2, MANY)
+            else:
+                log.log_samples(2, [Group(0, {"prompt": "p"}, "p", [], [Completion([1] * 9, [0.0] * 9, "x" * 9000, "stop")
+                                                                       ] * 2, 0, rewards=[0.0, 1.0], reward_parts={})])
+        log.close()
+        assert log.failed
+
+
+def test_tensorboard_on_a_full_disk_ends_the_run_naming_its_folder(tmp_path):
+    with tmpfs(tmp_path / "disk", "1m") as disk:
+        sink = TensorBoardSink(disk)
+        sink.scalars("train", 1, {"reward/mean": 0.5})
+        fill(disk)
+        with pytest.raises(OutputFailed, match=f"could not write {re.escape(str(disk / 'tensorboard'))}: .*No space"):
+            sink.scalars("train", 2, MANY)
+        with pytest.raises(OutputFailed):
+            sink.close()
+
+
+@pytest.mark.slow
+def test_a_run_whose_log_cannot_be_written_exits_1_with_the_resume_command_and_its_checkpoint(tmp_path):
+    """samples.jsonl made /dev/full (every write: ENOSPC) under a resumed run: its first samples
+    end it, exit 1 in one line naming the file, and the checkpoint it resumed from still loads."""
+    run_dir = tmp_path / "run"
+    args = [*SMALL, f"trainer.output_dir={tmp_path}", "trainer.run_name=run", "trainer.save_final=false"]
+    code, output = finish(start(*args, "trainer.steps=2", "trainer.checkpoint_every=2", "trainer.samples_every=0"),
+                          timeout=180)
+    assert code == 0, output[-3000:]
+    (run_dir / "samples.jsonl").symlink_to("/dev/full")
+    before = {p: p.read_bytes() for p in step_dir(run_dir, 2).rglob("*") if p.is_file()}
+    code, output = finish(start("--resume", str(run_dir), "trainer.steps=4", "trainer.samples_every=1"), timeout=180)
+    errors = [line for line in output.splitlines() if line.startswith("error: ")]
+    assert code == 1 and len(errors) == 1 and "Traceback" not in output, output[-3000:]
+    assert errors[0] == (f"error: could not write {run_dir / 'samples.jsonl'}: [Errno 28] No space left on device; "
+                         f"the last checkpoint is {step_dir(run_dir, 2)} (step 2); resume with: "
+                         f"python -m grpo_dist.launch --resume {run_dir}"), errors[0]
+    assert {p: p.read_bytes() for p in step_dir(run_dir, 2).rglob("*") if p.is_file()} == before
+    assert [p.name for p in checkpoints(run_dir)] == ["step_000002"]
+    assert Checkpoint.load(step_dir(run_dir, 2)).state.step == 2

@@ -7,6 +7,8 @@ start, and nothing was started or written.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 from grpo_dist.waits import CallTimeout
@@ -41,6 +43,21 @@ class TooManyBadSteps(RunFailed):
                        f"in a row; each was skipped); the last good weights are in {weights}: start from them "
                        "(model.path) with a lower algo.lr or algo.max_grad_norm")
         return cls(f"{steps} trained on nothing (trainer.max_bad_steps={max_bad_steps} in a row): {first}")
+
+
+class OutputFailed(RunFailed):
+    """A file of the run's output (metrics.jsonl, samples.jsonl, TensorBoard's events, config.yaml,
+    report.png, summary.json) could not be written, a full disk say: nothing written since the
+    last checkpoint is needed to resume from it."""
+
+
+@contextlib.contextmanager
+def writing(path: Path | str) -> Iterator[None]:
+    """What is written inside: an OSError becomes OutputFailed, naming `path`."""
+    try:
+        yield
+    except OSError as exc:
+        raise OutputFailed(f"could not write {path}: {exc}") from exc
 
 
 class ActorGone(RunFailed):

@@ -26,6 +26,7 @@ from grpo_dist.config import Config, dump_config
 from grpo_dist.controller.actors import Actors, LearnerWatch
 from grpo_dist.controller.checkpointing import Checkpointer, start_point
 from grpo_dist.controller.checkpoints import Checkpoint
+from grpo_dist.controller.errors import writing
 from grpo_dist.controller.evaluator import Evaluator
 from grpo_dist.controller.loop import StepLoop
 from grpo_dist.controller.publish import WeightPublisher
@@ -118,8 +119,10 @@ class TrainingRun:
         waits for it (launch: while Ray shuts down)."""
         started = time.time()
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.yaml").write_text(dump_config(self.config))
-        records = self.resume.restore_metrics(self.run_dir) if self.resume is not None else []
+        with writing(self.run_dir / "config.yaml"):
+            (self.run_dir / "config.yaml").write_text(dump_config(self.config))
+        with writing(self.run_dir):
+            records = self.resume.restore_metrics(self.run_dir) if self.resume is not None else []
         started -= records[-1]["wall_s"] if records else 0.0  # wall_s goes on from where the run was
         before = next((r["eval/accuracy"] for r in records if r["kind"] == "eval" and r["step"] == 0), math.nan)
         timeline, resumed_from = self.timeline, self.resumed_from()
@@ -192,7 +195,8 @@ class TrainingRun:
             **({} if self.stop_signal is None else {"stopped_by": signal.Signals(self.stop_signal).name}),
             "timeline": self.timeline.summary(),
         }
-        write_json_atomic(self.run_dir / "summary.json", summary)
+        with writing(self.run_dir / "summary.json"):
+            write_json_atomic(self.run_dir / "summary.json", summary)
         return summary
 
     def finish_summary(self, summary: dict[str, Any]) -> dict[str, Any]:
@@ -200,13 +204,14 @@ class TrainingRun:
         written to summary.json again; the end's breakdown goes to the console."""
         self.wait_report()
         summary = {**summary, "timeline": self.timeline.exit()}
-        write_json_atomic(self.run_dir / "summary.json", summary)
+        with writing(self.run_dir / "summary.json"):
+            write_json_atomic(self.run_dir / "summary.json", summary)
         print(Timeline.line("end", self.timeline.end), file=sys.stderr)
         return summary
 
     def wait_report(self) -> None:
         """Until report.png is written (raises what drawing it raised)."""
         if self.report is not None:
-            with self.timeline.phase("report_wait"):
+            with self.timeline.phase("report_wait"), writing(self.run_dir / "report.png"):
                 self.report.result()
             self.report = None
