@@ -80,9 +80,10 @@ def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint_and_leaves_noth
 
 
 @pytest.mark.slow
-def test_a_run_whose_disk_fills_at_a_checkpoint_exits_1_with_the_resume_command(tmp_path):
+def test_a_run_whose_disk_fills_exits_1_with_the_resume_command_at_a_checkpoint_and_at_its_logs(tmp_path):
     """The default task, small: each checkpoint is about 10.3 MB, so a 16 MiB disk holds the
-    first and not the second."""
+    first and not the second. Then the run resumed with its samples.jsonl made /dev/full (every
+    write: ENOSPC): its first samples end it the same way, the checkpoint untouched."""
     with tmpfs(tmp_path / "disk", "16m") as disk:
         run_dir = disk / "run"
         code, output = finish(start(*SMALL, "trainer.steps=3", "trainer.checkpoint_every=1", "trainer.save_final=false",
@@ -96,6 +97,17 @@ def test_a_run_whose_disk_fills_at_a_checkpoint_exits_1_with_the_resume_command(
         assert Checkpoint.load(step_dir(run_dir, 1)).state.step == 1
         plan = plan_run(parse_args(["--resume", str(run_dir)]))  # a later resume does not trip on anything
         assert plan.checkpoint.path == step_dir(run_dir, 1)
+
+        (run_dir / "samples.jsonl").symlink_to("/dev/full")
+        before = {p: p.read_bytes() for p in step_dir(run_dir, 1).rglob("*") if p.is_file()}
+        code, output = finish(start("--resume", str(run_dir), "trainer.samples_every=1"), timeout=180)
+        errors = [line for line in output.splitlines() if line.startswith("error: ")]
+        assert code == 1 and len(errors) == 1 and "Traceback" not in output, output[-3000:]
+        assert errors[0] == (f"error: could not write {run_dir / 'samples.jsonl'}: [Errno 28] No space left on device; "
+                             f"the last checkpoint is {step_dir(run_dir, 1)} (step 1); resume with: "
+                             f"python -m grpo_dist.launch --resume {run_dir}"), errors[0]
+        assert {p: p.read_bytes() for p in step_dir(run_dir, 1).rglob("*") if p.is_file()} == before
+        assert [p.name for p in checkpoints(run_dir)] == ["step_000001"]
 
 
 def fill(disk: Path) -> None:
@@ -140,25 +152,3 @@ def test_tensorboard_on_a_full_disk_ends_the_run_naming_its_folder(tmp_path):
             sink.scalars("train", 2, MANY)
         with pytest.raises(OutputFailed):
             sink.close()
-
-
-@pytest.mark.slow
-def test_a_run_whose_log_cannot_be_written_exits_1_with_the_resume_command_and_its_checkpoint(tmp_path):
-    """samples.jsonl made /dev/full (every write: ENOSPC) under a resumed run: its first samples
-    end it, exit 1 in one line naming the file, and the checkpoint it resumed from still loads."""
-    run_dir = tmp_path / "run"
-    args = [*SMALL, f"trainer.output_dir={tmp_path}", "trainer.run_name=run", "trainer.save_final=false"]
-    code, output = finish(start(*args, "trainer.steps=2", "trainer.checkpoint_every=2", "trainer.samples_every=0"),
-                          timeout=180)
-    assert code == 0, output[-3000:]
-    (run_dir / "samples.jsonl").symlink_to("/dev/full")
-    before = {p: p.read_bytes() for p in step_dir(run_dir, 2).rglob("*") if p.is_file()}
-    code, output = finish(start("--resume", str(run_dir), "trainer.steps=4", "trainer.samples_every=1"), timeout=180)
-    errors = [line for line in output.splitlines() if line.startswith("error: ")]
-    assert code == 1 and len(errors) == 1 and "Traceback" not in output, output[-3000:]
-    assert errors[0] == (f"error: could not write {run_dir / 'samples.jsonl'}: [Errno 28] No space left on device; "
-                         f"the last checkpoint is {step_dir(run_dir, 2)} (step 2); resume with: "
-                         f"python -m grpo_dist.launch --resume {run_dir}"), errors[0]
-    assert {p: p.read_bytes() for p in step_dir(run_dir, 2).rglob("*") if p.is_file()} == before
-    assert [p.name for p in checkpoints(run_dir)] == ["step_000002"]
-    assert Checkpoint.load(step_dir(run_dir, 2)).state.step == 2

@@ -77,7 +77,7 @@ class RewardWorker:
                         if self.kinds[f.name] == "batched"}
         self.pool: ScoringPool | None = None
         if "sample" in self.kinds.values():
-            self.pool = ScoringPool(reward.processes, reward.timeout_s)
+            self.scoring_pool()  # started with the actor, not at its first chunk
         self.stuck: dict[str, threading.Thread] = {}  # a batched reward's call past its deadline
 
     def score(self, groups: list[Group]) -> tuple[list[Group], dict[str, float]]:
