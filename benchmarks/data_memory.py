@@ -1,7 +1,9 @@
 """Peak resident memory of `prepare_data` on a generated JSONL file of N arithmetic rows, and
 what the prompts it returns hold: so that a large file is seen to be read once, not held twice.
 
-    .venv/bin/python benchmarks/data_memory.py [--rows 1000000]
+    .venv/bin/python benchmarks/data_memory.py [--rows 1000000] [--format json]
+
+`--format json` writes the rows as one JSON list (.json, read whole) instead.
 
 Each figure comes from a fresh process: its peak RSS (ru_maxrss) after the imports and the
 tokenizer, then after prepare_data, and the RSS left once the prompts are built (they are the
@@ -39,25 +41,28 @@ print(json.dumps({"prompts": len(data.train), "seconds": round(time.perf_counter
 
 
 def write_rows(path: Path, rows: int) -> int:
-    """`rows` arithmetic rows (the default task's shape) as JSONL; returns the file's size in bytes."""
+    """`rows` arithmetic rows (the default task's shape) as JSONL, or as a JSON list when `path`
+    ends in .json; returns the file's size in bytes."""
     draw = random.Random(0)
-    with path.open("w") as handle:
-        for _ in range(rows):
-            a, b = draw.randint(0, 99), draw.randint(0, 99)
-            handle.write(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n")
+    lines = []
+    for _ in range(rows):
+        a, b = draw.randint(0, 99), draw.randint(0, 99)
+        lines.append(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}))
+    path.write_text("[" + ",\n".join(lines) + "]" if path.suffix == ".json" else "".join(f"{line}\n" for line in lines))
     return path.stat().st_size
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--format", choices=["jsonl", "json"], default="jsonl")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "rows.jsonl"
+        path = Path(folder) / f"rows.{args.format}"
         size = write_rows(path, args.rows)
         result = subprocess.run([sys.executable, "-c", MEASURE, str(path)], cwd=ROOT, capture_output=True,
                                 text=True, check=True)
-    print(json.dumps({"rows": args.rows, "file_mb": round(size / 2**20, 1), **json.loads(result.stdout)}))
+    print(json.dumps({"rows": args.rows, "format": args.format, "file_mb": round(size / 2**20, 1), **json.loads(result.stdout)}))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@
 
 `score_chunk` (inline: the calls on a thread under reward.timeout_s, output capped), the same
 calls in a plain loop (inline before it was bounded) and on the thread alone (`call_in_order`),
-and through the scoring pool (one process, warmed up). Median and 90th percentile milliseconds per 256 scores.
+and through the scoring pool (one process, warmed up), taking turns. Median and 90th percentile
+milliseconds per 256 scores.
 """
 
 from __future__ import annotations
@@ -33,14 +34,17 @@ def groups() -> list[Group]:
                   completions=[Completion([0] * 8, [0.0] * 8, t, "stop") for t in texts]) for i in range(GROUPS)]
 
 
-def milliseconds(run: Callable[[], object], repeats: int) -> dict[str, float]:
-    times = []
+def milliseconds(runs: dict[str, Callable[[], object]], repeats: int) -> dict[str, dict[str, float]]:
+    """Median and 90th percentile of each run's time, the runs taking turns (a shared machine's
+    load then weighs on each alike)."""
+    times: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(1000 * (time.perf_counter() - start))
-    times.sort()
-    return {"median_ms": round(statistics.median(times), 3), "p90_ms": round(times[int(0.9 * len(times))], 3)}
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run()
+            times[name].append(1000 * (time.perf_counter() - start))
+    return {name: {"median_ms": round(statistics.median(t), 3), "p90_ms": round(sorted(t)[int(0.9 * len(t))], 3)}
+            for name, t in times.items()}
 
 
 def main() -> None:
@@ -50,14 +54,15 @@ def main() -> None:
     worker = RewardWorker(load_config(None, []).reward)
     items = [("p", c.text, {"answer": "1"}) for g in groups() for c in g.completions]
     reward = load_reward("exact_answer")
-    results = {"bounded_score_chunk": milliseconds(lambda: worker.score_chunk(groups()), args.repeats),
-               "plain_loop": milliseconds(lambda: [call_outcome(reward, item) for item in items], args.repeats)}
     calls = [functools.partial(call_outcome, reward, item) for item in items]
-    results["bounded_loop"] = milliseconds(lambda: call_in_order(calls, 10.0, "bench"), args.repeats)
     with ScoringPool(1, 10.0) as pool:
         pool.score(reward_spec("exact_answer"), items)  # started and warm
-        results["scoring_pool"] = milliseconds(lambda: pool.score(reward_spec("exact_answer"), items), args.repeats)
-    print(json.dumps(results))
+        print(json.dumps(milliseconds({
+            "score_chunk": lambda: worker.score_chunk(groups()),
+            "plain_loop": lambda: [call() for call in calls],
+            "bounded_loop": lambda: call_in_order(calls, 10.0, "bench"),
+            "scoring_pool": lambda: pool.score(reward_spec("exact_answer"), items),
+        }, args.repeats)))
 
 
 if __name__ == "__main__":
