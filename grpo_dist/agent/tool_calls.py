@@ -88,7 +88,9 @@ def _hermes(text: str) -> tuple[list[tuple[str, str]], str]:
 
 def _llama3_json(text: str) -> tuple[list[tuple[str, str]], str]:
     """Llama 3.x JSON calls: the whole reply (after an optional <|python_tag|>) is one or more
-    {"name": ..., "arguments"|"parameters": {...}} separated by ';'. Other replies are content."""
+    {"name": ..., "arguments"|"parameters": {...}} separated by ';' (one may end it).
+    A reply that does not start with '{' is content (vLLM 0.32's llama3_json also takes JSON found
+    after other text; a reply is a call or prose here, so prose quoting JSON stays prose)."""
     body = text.strip()
     body = body[len(PYTHON_TAG):].lstrip() if body.startswith(PYTHON_TAG) else body
     if not body.startswith("{"):
@@ -100,11 +102,13 @@ def _llama3_json(text: str) -> tuple[list[tuple[str, str]], str]:
         payload, position = _decode_object(body, position)
         calls.append(_call(payload.get("name"), payload.get("arguments", payload.get("parameters"))))
         rest = body[position:].lstrip()
+        if rest.startswith(";"):
+            rest = rest[1:].lstrip()
+        elif rest:
+            raise _Malformed("text after a JSON tool call")
         if not rest:
             return calls, ""
-        if not rest.startswith(";"):
-            raise _Malformed("text after a JSON tool call")
-        position = len(body) - len(rest) + 1
+        position = len(body) - len(rest)
 
 
 def check_pattern(pattern: str) -> re.Pattern[str]:
