@@ -44,3 +44,25 @@ def assistant_text(content: str | None, calls: list[dict[str, Any]]) -> str:
     """An assistant message with OpenAI `tool_calls` as the text of its content and its calls."""
     blocks = [call_text(call["function"]["name"], arguments_object(call["function"]["arguments"])) for call in calls]
     return "\n".join([content, *blocks] if content else blocks)
+
+
+def with_tools_block(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`messages` with the tools block at the start of the system message (a new one if none)."""
+    block = tools_block(tools)
+    if messages and messages[0].get("role") == "system":
+        return [{**messages[0], "content": f"{block}\n\n{messages[0]['content']}"}, *messages[1:]]
+    return [{"role": "system", "content": block}, *messages]
+
+
+def renderable(message: dict[str, Any], native_tools: bool) -> dict[str, Any]:
+    """An assistant message with OpenAI `tool_calls` (content None) as a template can render it:
+    native_tools, the calls with object arguments and content ""; else the calls' hermes text as content."""
+    calls = message.get("tool_calls") or []
+    if message.get("role") != "assistant" or (message.get("content") is not None and not calls):
+        return message
+    if not native_tools:
+        return {key: value for key, value in message.items() if key != "tool_calls"} | \
+            {"content": assistant_text(message.get("content"), calls)}
+    objects = [{**call, "function": {**call["function"], "arguments": arguments_object(call["function"]["arguments"])}}
+               for call in calls]
+    return {**message, "content": message.get("content") or "", **({"tool_calls": objects} if objects else {})}
