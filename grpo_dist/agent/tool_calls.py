@@ -16,7 +16,6 @@ from typing import Any
 
 from grpo_dist.env.tools import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 
-PARSERS = ("hermes", "llama3_json", "regex")
 PYTHON_TAG = "<|python_tag|>"
 
 
@@ -71,7 +70,7 @@ def _call(name: Any, arguments: Any) -> tuple[str, str]:
     return name, canonical
 
 
-def _hermes(text: str) -> tuple[list[tuple[str, str]], str]:
+def _hermes(text: str, pattern: str | None) -> tuple[list[tuple[str, str]], str]:
     """<tool_call>{"name": ..., "arguments": {...}}</tool_call> blocks; the text between is content."""
     calls, outside, position = [], [], 0
     while (opened := text.find(TOOL_CALL_OPEN, position)) >= 0:
@@ -86,7 +85,7 @@ def _hermes(text: str) -> tuple[list[tuple[str, str]], str]:
     return calls, "".join(outside)
 
 
-def _llama3_json(text: str) -> tuple[list[tuple[str, str]], str]:
+def _llama3_json(text: str, pattern: str | None) -> tuple[list[tuple[str, str]], str]:
     """Llama 3.x JSON calls: the whole reply (after an optional <|python_tag|>) is one or more
     {"name": ..., "arguments"|"parameters": {...}} separated by ';' (one may end it).
     A reply that does not start with '{' is content (vLLM 0.32's llama3_json also takes JSON found
@@ -124,10 +123,10 @@ def check_pattern(pattern: str) -> re.Pattern[str]:
     return compiled
 
 
-def _regex(text: str, pattern: str) -> tuple[list[tuple[str, str]], str]:
+def _regex(text: str, pattern: str | None) -> tuple[list[tuple[str, str]], str]:
     """Each match of the user's pattern is a call (its `arguments` group JSON); the rest is content."""
     calls, outside, position = [], [], 0
-    for match in check_pattern(pattern).finditer(text):
+    for match in check_pattern(pattern or "").finditer(text):
         outside.append(text[position:match.start()])
         arguments, end = _decode_object(match["arguments"] or "", 0)
         if (match["arguments"] or "")[end:].strip():
@@ -138,6 +137,12 @@ def _regex(text: str, pattern: str) -> tuple[list[tuple[str, str]], str]:
     return calls, "".join(outside)
 
 
+# A parser: (reply text, the regex pattern) -> ([(name, canonical arguments)], content), or _Malformed.
+_PARSE: dict[str, Callable[[str, str | None], tuple[list[tuple[str, str]], str]]] = {
+    "hermes": _hermes, "llama3_json": _llama3_json, "regex": _regex}
+PARSERS = tuple(_PARSE)  # the names the config accepts
+
+
 def parse_reply(text: str, parser: str, call_ids: Callable[[int], str], pattern: str | None = None) -> ParsedReply:
     """`text` as content and tool calls (ids from call_ids(0), call_ids(1), ...); see the docstring."""
     if parser not in PARSERS:
@@ -145,12 +150,7 @@ def parse_reply(text: str, parser: str, call_ids: Callable[[int], str], pattern:
     if parser == "regex" and pattern is None:
         raise ValueError("the regex tool-call parser needs a pattern")
     try:
-        if parser == "hermes":
-            calls, content = _hermes(text)
-        elif parser == "llama3_json":
-            calls, content = _llama3_json(text)
-        else:
-            calls, content = _regex(text, pattern)  # type: ignore[arg-type]
+        calls, content = _PARSE[parser](text, pattern)
     except _Malformed:
         return ParsedReply(text, (), True)
     if not calls:
