@@ -1,0 +1,56 @@
+"""The `agent` section: episodes played by the user's own OpenAI-API agent code (docs/agents.md).
+`agent: null` (the default) plays none; `agent` and `env` exclude each other."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from grpo_dist.env.config import EpisodeLimits
+
+
+class AgentConfig(EpisodeLimits):
+    name: str = Field(description="package.module:function, an `async def run(task: dict, client) -> float | dict` "
+                      "(client: an openai.AsyncOpenAI pointed at the episode's endpoint)")
+    concurrency: int = Field(32, ge=1, description="agents running at once per rollout worker")
+    timeout_s: float = Field(60.0, gt=0, description="an episode's deadline, from its start (enforced even when "
+                             "the agent blocks its event loop); past it the episode fails")
+    tool_parser: Literal["hermes", "llama3_json", "regex"] = Field(
+        "hermes", description="how tool calls are read from the model's reply (docs/agents.md)")
+    tool_call_regex: str | None = Field(None, description="tool_parser=regex: the pattern of one call")
+    host: str = Field("127.0.0.1", description="the endpoint's address: 127.0.0.1 (agents on this machine), or "
+                      "node (the node's IP, for agents elsewhere in the cluster)")
+    max_request_bytes: int = Field(4_000_000, ge=1024, description="a request body larger than this gets 413")
+
+    @field_validator("name")
+    @classmethod
+    def _an_async_function(cls, value: str) -> str:
+        load_agent(value)
+        return value
+
+
+def load_agent(name: str) -> Callable[..., Any]:
+    """The `async def` named "package.module:function"; a one-line ValueError otherwise."""
+    module_name, _, function_name = name.partition(":")
+    if not module_name or not function_name:
+        raise ValueError(f"agent.name={name!r} must be package.module:function")
+    try:
+        function = getattr(importlib.import_module(module_name), function_name)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"agent.name={name!r} cannot be imported: {exc}") from None
+    if not inspect.iscoroutinefunction(function):
+        raise ValueError(f"agent.name={name!r} is not an async def run(task, client)")
+    return function
+
+
+def check_agent_deadline(agent: AgentConfig | None, call_timeout_s: float) -> None:
+    """An agent episode, waited for at most agent.timeout_s, must end within trainer.call_timeout_s
+    (the bound on a rollout call, past which the worker counts as hung); agent=None passes."""
+    if agent is not None and agent.timeout_s >= call_timeout_s:
+        raise ValueError(f"agent.timeout_s={agent.timeout_s:g} is not less than trainer.call_timeout_s="
+                         f"{call_timeout_s:g} (the bound on a rollout call): lower agent.timeout_s or raise "
+                         "trainer.call_timeout_s")
