@@ -309,7 +309,9 @@ class Config(Section):
             check_training_env(episodes, [f.name for f in self.reward.functions], self.algo.aggregation,
                                self.algo.overlong_buffer is not None, self.algo.minibatch_size, section)
         check_env_deadlines(self.env, self.trainer.call_timeout_s)
-        check_agent_deadline(self.agent, self.trainer.call_timeout_s)
+        rollout = self.rollout
+        check_agent_deadline(self.agent, self.trainer.call_timeout_s,
+                             min(rollout.chunk_prompts, rollout.prompts_per_step) * rollout.group_size)
         return self
 
     @property

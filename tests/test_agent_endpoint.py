@@ -129,6 +129,6 @@ def test_the_agent_section_is_checked_before_anything_starts():
             (["agent.name=no_such_module:run", *agent[1:]], "cannot be imported"),
             (agent[:1], "agent is set but reward.functions"),
             ([*agent, "algo.aggregation=constant"], "use token_mean or sequence_mean with agent"),
-            ([*agent, "agent.timeout_s=900", "trainer.call_timeout_s=600"], "agent.timeout_s=900 is not less")]:
+            ([*agent, "agent.timeout_s=100"], "256 agent episodes per rollout call")]:  # 8 x 100 s + 30 s > 600 s
         with pytest.raises(ConfigError, match=message):
             load_config(None, overrides)

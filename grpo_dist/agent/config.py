@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import math
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -14,8 +15,9 @@ from grpo_dist.env.config import EpisodeLimits
 
 
 class AgentConfig(EpisodeLimits):
-    name: str = Field(description="package.module:function, an `async def run(task: dict, client) -> float | dict` "
-                      "(client: an openai.AsyncOpenAI pointed at the episode's endpoint)")
+    name: str = Field(description="package.module:function, an `async def run(task: dict, client)` returning the "
+                      "reward (a float, or a dict with \"reward\"); client: an openai.AsyncOpenAI pointed at the "
+                      "episode's endpoint")
     concurrency: int = Field(32, ge=1, description="agents running at once per rollout worker")
     timeout_s: float = Field(60.0, gt=0, description="an episode's deadline, from its start (enforced even when "
                              "the agent blocks its event loop); past it the episode fails")
@@ -47,10 +49,21 @@ def load_agent(name: str) -> Callable[..., Any]:
     return function
 
 
-def check_agent_deadline(agent: AgentConfig | None, call_timeout_s: float) -> None:
-    """An agent episode, waited for at most agent.timeout_s, must end within trainer.call_timeout_s
-    (the bound on a rollout call, past which the worker counts as hung); agent=None passes."""
-    if agent is not None and agent.timeout_s >= call_timeout_s:
-        raise ValueError(f"agent.timeout_s={agent.timeout_s:g} is not less than trainer.call_timeout_s="
-                         f"{call_timeout_s:g} (the bound on a rollout call): lower agent.timeout_s or raise "
-                         "trainer.call_timeout_s")
+HOST_START_S = 30.0  # allowed for the agent host process to start (python, openai, the agent's module)
+
+
+def call_deadline_s(agent: AgentConfig, episodes: int) -> float:
+    """How long a rollout call of `episodes` agent episodes may take: the host's start, then
+    agent.timeout_s for each batch of agent.concurrency episodes."""
+    return HOST_START_S + agent.timeout_s * math.ceil(episodes / agent.concurrency)
+
+
+def check_agent_deadline(agent: AgentConfig | None, call_timeout_s: float, episodes_per_call: int) -> None:
+    """A rollout call's agent episodes (call_deadline_s) must end within trainer.call_timeout_s, the
+    bound on that call past which the worker counts as hung; agent=None passes."""
+    if agent is not None and call_deadline_s(agent, episodes_per_call) >= call_timeout_s:
+        raise ValueError(
+            f"{episodes_per_call} agent episodes per rollout call (rollout.chunk_prompts x group_size), "
+            f"agent.concurrency={agent.concurrency} at once, each up to agent.timeout_s={agent.timeout_s:g}, plus "
+            f"{HOST_START_S:g} s to start the agents' process, is not less than trainer.call_timeout_s="
+            f"{call_timeout_s:g}: lower agent.timeout_s, raise agent.concurrency or trainer.call_timeout_s")

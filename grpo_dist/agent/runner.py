@@ -17,7 +17,6 @@ call's deadline passes.
 from __future__ import annotations
 
 import json
-import math
 import os
 import signal
 import subprocess
@@ -29,7 +28,7 @@ from dataclasses import replace
 from typing import Any
 
 from grpo_dist.agent.board import Board, error_body
-from grpo_dist.agent.config import AgentConfig
+from grpo_dist.agent.config import AgentConfig, call_deadline_s
 from grpo_dist.agent.episode import AgentEpisode, RequestRefused
 from grpo_dist.agent.server import AgentServer
 from grpo_dist.env.render import ChatRenderer
@@ -37,9 +36,6 @@ from grpo_dist.env.runner import episode_sums
 from grpo_dist.rollout.engine import GenerationEngine
 from grpo_dist.seeding import completion_seed, turn_seed
 from grpo_dist.types import SamplingSettings
-
-HOST_START_S = 30.0  # allowed for the host process to start (python, openai, the agent's module)
-
 
 class AgentRunner:
     """Plays agent episodes on `engine`, serving them on an endpoint of its own (see the module docstring)."""
@@ -70,15 +66,12 @@ class AgentRunner:
         self.board.open(episodes, replace(sampling, n=1), self.agent.concurrency)
         host = self._start_host(rows, episodes)
         try:
-            self._play(episodes, time.monotonic() + self._call_s(len(episodes)))
+            self._play(episodes, time.monotonic() + call_deadline_s(self.agent, len(episodes)))
         finally:
             os.killpg(host.pid, signal.SIGKILL)
             host.wait()
             self.board.close()
         return [episodes[i : i + sampling.n] for i in range(0, len(episodes), sampling.n)]
-
-    def _call_s(self, episodes: int) -> float:
-        return HOST_START_S + self.agent.timeout_s * math.ceil(episodes / self.agent.concurrency)
 
     def _start_host(self, rows: list[dict[str, Any]], episodes: list[AgentEpisode]) -> subprocess.Popen:
         job = {"agent": self.agent.name, "api_key": self.server.api_key, "concurrency": self.agent.concurrency,
