@@ -8,6 +8,8 @@
   rendering), so the template's separators are kept and the history is never re-rendered;
 - `render(messages)`: the whole conversation, the reference the prefix check compares with.
 `TextRenderer` is the same for a model without a chat template: text is appended as is.
+Tools (OpenAI's schema) go to a template that uses them (its source mentions `tools`); to one
+that ignores them (SmolLM2's ChatML) they go as a hermes block in the system message (env/tools.py).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from grpo_dist.env.base import EnvError, Message
+from grpo_dist.env.tools import renderable, with_tools_block
 
 _MARK = "\u2063CONTENT\u2063"  # an assistant content no reply contains: where the content ends
 BASE: list[Message] = [{"role": "user", "content": "base"}, {"role": "assistant", "content": "base"}]
@@ -49,8 +52,10 @@ class ChatRenderer(TextRenderer):
 
     chat = True
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, tools: list[dict[str, Any]] | None = None) -> None:
         super().__init__(tokenizer)
+        self.tools = tools or None
+        self.native_tools = "tools" in _template_source(tokenizer)
         rendered = self.render([BASE[0], {"role": "assistant", "content": _MARK}], generation_prompt=False)
         if _MARK not in rendered:
             raise TemplateError("the chat template drops the last assistant message's content")
@@ -58,7 +63,13 @@ class ChatRenderer(TextRenderer):
         self.base_text = self.render(BASE, generation_prompt=False)
 
     def render(self, messages: list[Message], generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+        """The template's text of `messages`, with the tools and with tool calls rendered (env/tools.py)."""
+        messages = [renderable(message, self.native_tools) for message in messages]
+        if self.tools and not self.native_tools:
+            messages = with_tools_block(messages, self.tools)
+        tools = {"tools": self.tools} if self.tools and self.native_tools else {}
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt,
+                                                  **tools)
 
     def opening_ids(self, messages: list[Message]) -> list[int]:  # type: ignore[override]
         """The opening's ids as data.py tokenizes a chat prompt (the template writes BOS itself)."""
@@ -70,3 +81,9 @@ class ChatRenderer(TextRenderer):
         if not rendered.startswith(self.base_text):
             raise TemplateError("the chat template renders the base conversation differently when messages follow")
         return rendered[len(self.base_text):]
+
+
+def _template_source(tokenizer: Any) -> str:
+    """The chat template's jinja source (all of a tokenizer's named templates)."""
+    template = tokenizer.chat_template
+    return "\n".join(template.values()) if isinstance(template, dict) else str(template or "")

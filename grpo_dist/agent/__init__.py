@@ -1,0 +1,1 @@
+"""Agents against an OpenAI-compatible endpoint on the rollout workers (docs/agents.md)."""
