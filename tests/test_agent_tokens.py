@@ -79,3 +79,20 @@ def test_per_turn_history_renders_each_context_afresh(real_model, history):
     first, second = episode.samples()
     assert second.ids[: second.prompt_len] == engine.inputs[1][0]
     assert tokenizer.decode(second.ids[: second.prompt_len]).endswith(AFTER_TURN_1)
+
+
+def test_a_tool_call_and_its_result_through_the_calculator_agent(real_model):
+    """The example agent offers a calculator; the model's hermes call comes back parsed, the agent's
+    tool message is appended with mask 0, and the trained ids are still the engine's."""
+    tokenizer = load_tokenizer(str(real_model))
+    end = encode(tokenizer, "<|im_end|>")
+    call = encode(tokenizer, '<tool_call>\n{"name": "calculator", "arguments": {"expression": "23+48"}}\n</tool_call>')
+    engine = Scripted([call + end, encode(tokenizer, "It is 71.") + end])
+    runner = AgentRunner(engine, tokenizer, AgentConfig(name="grpo_dist.agent.examples:calculator"))
+    (episode,), = runner.run([{**ROW, "answer": "71"}], SamplingSettings(n=1, max_new_tokens=64), [prompt_seed(0, 0, 0)])
+    assert (episode.error, episode.step_rewards, episode.infos) == (None, [1.0], [{"tool_calls": 1}])
+    (sample,) = episode.samples()
+    assert mask_runs(sample.ids, sample.loss_mask, 1) == [call + end, encode(tokenizer, "It is 71.") + end]
+    opening, between = mask_runs(sample.ids, sample.loss_mask, 0)
+    assert '"name": "calculator"' in tokenizer.decode(opening)  # the tools, in the system message
+    assert tokenizer.decode(between) == "\n<|im_start|>tool\n71<|im_end|>\n<|im_start|>assistant\n"

@@ -9,8 +9,9 @@ import math
 from collections.abc import Callable
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
+from grpo_dist.agent.tool_calls import check_pattern
 from grpo_dist.env.config import EpisodeLimits
 
 
@@ -33,6 +34,14 @@ class AgentConfig(EpisodeLimits):
     def _an_async_function(cls, value: str) -> str:
         load_agent(value)
         return value
+
+    @model_validator(mode="after")
+    def _a_regex_parser_has_its_pattern(self) -> AgentConfig:
+        if self.tool_parser == "regex":
+            if self.tool_call_regex is None:
+                raise ValueError("agent.tool_parser=regex needs agent.tool_call_regex (the pattern of one call)")
+            check_pattern(self.tool_call_regex)
+        return self
 
 
 def load_agent(name: str) -> Callable[..., Any]:

@@ -17,16 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grpo_dist.agent.messages import ChatMessage, ChatRequest, message_key, template_message
+from grpo_dist.agent.tool_calls import parse_reply
 from grpo_dist.env.base import EnvError
 from grpo_dist.env.render import ChatRenderer
 from grpo_dist.env.runner import Episode
 from grpo_dist.env.trajectory import HISTORY_REWRITTEN, MAX_TURNS, Trajectory
 from grpo_dist.types import Completion
-
-try:
-    from grpo_dist.agent.tool_calls import parse_reply
-except ImportError:  # the parsers land from their own branch (issue 31); until then replies carry no calls
-    parse_reply = None
 
 
 class RequestRefused(Exception):
@@ -103,12 +99,10 @@ class AgentEpisode(Episode):
         turn = self.turns
         text = self.trajectory.add_reply(completion.token_ids, completion.logprobs, completion.finish_reason)
         self.replies.append(text)
-        content, calls = text, []
-        if parse_reply is not None:
-            parsed = parse_reply(text, parser, lambda i: f"call_{self.episode_id}_{turn}_{i}", pattern)
-            self.tool_calls_malformed += int(parsed.malformed)
-            content, calls = parsed.content, [{"id": c.id, "type": "function", "function": {
-                "name": c.name, "arguments": c.arguments}} for c in parsed.tool_calls]
+        parsed = parse_reply(text, parser, lambda i: f"call_{self.episode_id}_{turn}_{i}", pattern)
+        self.tool_calls_malformed += int(parsed.malformed)
+        content, calls = parsed.content, [{"id": c.id, "type": "function", "function": {
+            "name": c.name, "arguments": c.arguments}} for c in parsed.tool_calls]
         message = ChatMessage(role="assistant", content=content, tool_calls=calls or None)
         self.conversation.append(message_key(message))
         finish = "tool_calls" if calls else ("length" if completion.finish_reason == "length" else "stop")
