@@ -303,15 +303,12 @@ class Config(Section):
     @model_validator(mode="after")
     def _env_fits_training(self) -> Config:
         if self.env is not None and self.agent is not None:
-            raise ValueError("env and agent are both set: an episode is played by an environment or by an agent, "
-                             "set one of them to null")
+            raise ValueError("env and agent are both set: an episode is played by an environment or by an agent")
         for section, episodes in (("env", self.env), ("agent", self.agent)):
             check_training_env(episodes, [f.name for f in self.reward.functions], self.algo.aggregation,
                                self.algo.overlong_buffer is not None, self.algo.minibatch_size, section)
         check_env_deadlines(self.env, self.trainer.call_timeout_s)
-        rollout = self.rollout
-        check_agent_deadline(self.agent, self.trainer.call_timeout_s,
-                             min(rollout.chunk_prompts, rollout.prompts_per_step) * rollout.group_size)
+        check_agent_deadline(self.agent, self.trainer.call_timeout_s, self.rollout)
         return self
 
     @property

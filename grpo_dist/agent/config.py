@@ -67,9 +67,10 @@ def call_deadline_s(agent: AgentConfig, episodes: int) -> float:
     return HOST_START_S + agent.timeout_s * math.ceil(episodes / agent.concurrency)
 
 
-def check_agent_deadline(agent: AgentConfig | None, call_timeout_s: float, episodes_per_call: int) -> None:
-    """A rollout call's agent episodes (call_deadline_s) must end within trainer.call_timeout_s, the
-    bound on that call past which the worker counts as hung; agent=None passes."""
+def check_agent_deadline(agent: AgentConfig | None, call_timeout_s: float, rollout: Any) -> None:
+    """A rollout call's agent episodes (call_deadline_s; `rollout` the rollout section) must end within
+    trainer.call_timeout_s, the bound on that call past which the worker counts as hung; agent=None passes."""
+    episodes_per_call = min(rollout.chunk_prompts, rollout.prompts_per_step) * rollout.group_size
     if agent is not None and call_deadline_s(agent, episodes_per_call) >= call_timeout_s:
         raise ValueError(
             f"{episodes_per_call} agent episodes per rollout call (rollout.chunk_prompts x group_size), "
