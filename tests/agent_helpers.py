@@ -96,3 +96,14 @@ class Scripted:
         reply = self.replies[min(len(self.inputs), len(self.replies) - 1)]  # one per call: per turn
         self.inputs.append(prompt_ids)
         return [[Completion(list(reply), [-1.0] * len(reply), "", "stop")] for _ in prompt_ids]
+
+
+def mask_runs(ids: list[int], mask: list[int], value: int) -> list[list[int]]:
+    """The maximal runs of `ids` whose mask is `value`, in order."""
+    runs: list[list[int]] = []
+    for i, (token, m) in enumerate(zip(ids, mask)):
+        if m == value:
+            if i == 0 or mask[i - 1] != value:
+                runs.append([])
+            runs[-1].append(token)
+    return runs

@@ -10,6 +10,7 @@ import urllib.request
 
 import openai
 import pytest
+from agent_helpers import Recording, mask_runs
 
 from grpo_dist.agent.config import AgentConfig
 from grpo_dist.agent.runner import AgentRunner, agent_sums
@@ -31,7 +32,8 @@ def engine(tmp_path_factory) -> HFEngine:
 
 
 def runner_for(engine, name: str, **settings) -> AgentRunner:
-    return AgentRunner(engine, engine.tokenizer, AgentConfig(name=name, max_episode_tokens=300, **settings))
+    tokenizer = getattr(engine, "tokenizer", None) or engine.engine.tokenizer
+    return AgentRunner(engine, tokenizer, AgentConfig(name=name, max_episode_tokens=300, **settings))
 
 
 def rows(count: int, **fields) -> list[dict]:
@@ -42,26 +44,34 @@ def seeds(count: int) -> list[int]:
     return [prompt_seed(0, 0, i) for i in range(count)]
 
 
-def test_a_plain_chat_episode_is_a_trained_group_with_the_agents_reward(engine):
-    runner = runner_for(engine, "grpo_dist.agent.examples:chat")
-    played = runner.run(rows(2), SAMPLING, seeds(2))
-    prompts = [Prompt(i, row, row["prompt"], [1]) for i, row in enumerate(rows(2))]
-    groups = episode_groups(prompts, played, version=3)
-    for group, episodes in zip(groups, played):
-        assert group.policy_version == 3 and len(group.completions) == 2
-        for episode, completion in zip(episodes, group.completions):
-            assert (episode.error, episode.stop_reason, episode.turns) == (None, "done", 1)
+def test_32_agents_at_once_play_trained_groups_and_make_the_same_batches_every_run(engine):
+    runner = runner_for(engine, "grpo_dist.agent.examples:chat", concurrency=32)
+    first, second = (runner.run(rows(8), SamplingSettings(n=4, max_new_tokens=6), seeds(8)) for _ in range(2))
+    episodes = [e for group in first for e in group]
+    assert len(episodes) == 32 and all((e.error, e.stop_reason, e.turns) == (None, "done", 1) for e in episodes)
+    assert [e.samples()[0].ids for g in first for e in g] == [e.samples()[0].ids for g in second for e in g]
+    assert agent_sums(episodes)["env/failed"] == 0
+    groups = episode_groups([Prompt(i, row, row["prompt"], [1]) for i, row in enumerate(rows(8))], first, version=3)
+    for group in groups:
+        assert group.policy_version == 3 and len(group.completions) == 4
+        for completion in group.completions:
             assert completion.episode["env_reward"] in (0.0, 1.0) and sum(completion.loss_mask) > 0
             assert completion.episode["transcript"][-1]["role"] == "assistant"
 
 
-def test_32_agents_at_once_make_the_same_batches_every_run(engine):
-    runner = runner_for(engine, "grpo_dist.agent.examples:chat", concurrency=32)
-    first, second = (runner.run(rows(8), SamplingSettings(n=4, max_new_tokens=6), seeds(8)) for _ in range(2))
-    episodes = [e for group in first for e in group]
-    assert len(episodes) == 32 and all(e.error is None and e.turns == 1 for e in episodes)
-    assert [e.samples()[0].ids for g in first for e in g] == [e.samples()[0].ids for g in second for e in g]
-    assert agent_sums(episodes)["env/failed"] == 0
+def test_an_episode_trains_the_engines_ids_and_logprobs_turn_by_turn(engine):
+    """The real engine's replies (recorded) are the episode's mask-1 ids and logprobs, in order, and the
+    engine's second input is the episode's ids so far (SmolLM2's tokens: tests/test_agent_tokens.py)."""
+    recording = Recording(engine)
+    (episode,), = runner_for(recording, "agent_helpers:two_turns").run(
+        rows(1), SamplingSettings(n=1, max_new_tokens=6), seeds(1))
+    assert episode.error is None and episode.turns == 2
+    (sample,) = episode.samples()
+    replies = [outputs[0][0] for _, outputs in recording.calls]
+    assert mask_runs(sample.ids, sample.loss_mask, 1) == [r.token_ids for r in replies]
+    assert [lp for lp, m in zip(sample.logprobs, sample.loss_mask) if m] == [lp for r in replies for lp in r.logprobs]
+    assert sample.ids[: len(recording.calls[1][0][0])] == recording.calls[1][0][0]
+    assert episode.infos[0]["seen"] == [[engine.tokenizer.decode([i]) for i in r.token_ids] for r in replies]
 
 
 def test_errors_come_back_in_openais_shape_never_as_a_crash(engine):

@@ -2,13 +2,10 @@
 are the engine's ids turn by turn (never the reply's text tokenized again), the engine saw exactly
 the episode's ids, and the agent's tool and user messages carry loss mask 0."""
 
-import pytest
-
-from agent_helpers import Recording, Scripted
+from agent_helpers import Scripted, mask_runs
 from grpo_dist.agent.config import AgentConfig
 from grpo_dist.agent.runner import AgentRunner
 from grpo_dist.models import load_tokenizer
-from grpo_dist.rollout.hf_engine import HFEngine
 from grpo_dist.seeding import prompt_seed
 from grpo_dist.types import SamplingSettings
 
@@ -18,17 +15,6 @@ AFTER_TURN_1 = "\n<|im_start|>tool\n42<|im_end|>\n<|im_start|>user\nAgain?<|im_e
 
 def encode(tokenizer, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-
-def mask_runs(ids: list[int], mask: list[int], value: int) -> list[list[int]]:
-    """The maximal runs of `ids` whose mask is `value`, in order."""
-    runs: list[list[int]] = []
-    for i, (token, m) in enumerate(zip(ids, mask)):
-        if m == value:
-            if i == 0 or mask[i - 1] != value:
-                runs.append([])
-            runs[-1].append(token)
-    return runs
 
 
 def two_turn_episode(engine, tokenizer, max_new_tokens: int):
@@ -55,26 +41,11 @@ def test_a_reply_is_trained_as_the_engines_ids_never_its_text_tokenized_again(re
     assert episode.infos[0]["seen"][0] == [tokenizer.decode([i]) for i in by_character + end]
 
 
-def test_a_real_engines_episode_trains_its_ids_turn_by_turn(real_model):
-    engine = Recording(HFEngine(str(real_model)))
-    tokenizer = engine.engine.tokenizer
-    episode = two_turn_episode(engine, tokenizer, max_new_tokens=6)
-    (sample,) = episode.samples()
-    replies = [outputs[0][0] for _, outputs in engine.calls]
-    assert len(replies) == 2
-    assert mask_runs(sample.ids, sample.loss_mask, 1) == [r.token_ids for r in replies]
-    assert [lp for lp, m in zip(sample.logprobs, sample.loss_mask) if m] == [lp for r in replies for lp in r.logprobs]
-    second_input = engine.calls[1][0][0]
-    assert sample.ids[: len(second_input)] == second_input
-    assert tokenizer.decode(mask_runs(sample.ids, sample.loss_mask, 0)[1]).endswith(AFTER_TURN_1)
-
-
-@pytest.mark.parametrize("history", ["per_turn"])
-def test_per_turn_history_renders_each_context_afresh(real_model, history):
+def test_per_turn_history_renders_each_context_afresh(real_model):
     tokenizer = load_tokenizer(str(real_model))
     end = encode(tokenizer, "<|im_end|>")
     engine = Scripted([encode(tokenizer, "12") + end, encode(tokenizer, "65") + end])
-    runner = AgentRunner(engine, tokenizer, AgentConfig(name="agent_helpers:two_turns", history=history))
+    runner = AgentRunner(engine, tokenizer, AgentConfig(name="agent_helpers:two_turns", history="per_turn"))
     (episode,), = runner.run([ROW], SamplingSettings(n=1, max_new_tokens=8), [prompt_seed(0, 0, 0)])
     first, second = episode.samples()
     assert second.ids[: second.prompt_len] == engine.inputs[1][0]
