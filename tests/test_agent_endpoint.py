@@ -45,8 +45,10 @@ def seeds(count: int) -> list[int]:
 
 
 def test_32_agents_at_once_play_trained_groups_and_make_the_same_batches_every_run(engine):
-    runner = runner_for(engine, "grpo_dist.agent.examples:chat", concurrency=32)
+    recording = Recording(engine)
+    runner = runner_for(recording, "grpo_dist.agent.examples:chat", concurrency=32)
     first, second = (runner.run(rows(8), SamplingSettings(n=4, max_new_tokens=6), seeds(8)) for _ in range(2))
+    assert [len(inputs) for inputs, _ in recording.calls] == [32, 32]  # one round of all 32, whatever the timing
     episodes = [e for group in first for e in group]
     assert len(episodes) == 32 and all((e.error, e.stop_reason, e.turns) == (None, "done", 1) for e in episodes)
     assert [e.samples()[0].ids for g in first for e in g] == [e.samples()[0].ids for g in second for e in g]
@@ -57,6 +59,16 @@ def test_32_agents_at_once_play_trained_groups_and_make_the_same_batches_every_r
         for completion in group.completions:
             assert completion.episode["env_reward"] in (0.0, 1.0) and sum(completion.loss_mask) > 0
             assert completion.episode["transcript"][-1]["role"] == "assistant"
+
+
+def test_fewer_slots_than_episodes_fill_rounds_in_order(engine):
+    """agent.concurrency=4 for 6 episodes: a round waits until the freed slots are refilled, so the
+    batches are the first 4 episodes, then the last 2, in every run."""
+    recording = Recording(engine)
+    played = runner_for(recording, "grpo_dist.agent.examples:chat", concurrency=4).run(
+        rows(3), SamplingSettings(n=2, max_new_tokens=6), seeds(3))
+    assert all(e.error is None for group in played for e in group)
+    assert [len(inputs) for inputs, _ in recording.calls] == [4, 2]
 
 
 def test_an_episode_trains_the_engines_ids_and_logprobs_turn_by_turn(engine):
