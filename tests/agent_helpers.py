@@ -4,6 +4,7 @@ an episode must absorb, and an engine wrapper that records what the engine retur
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from typing import Any
 
@@ -64,6 +65,11 @@ async def blocks(task: dict[str, Any], client: Any) -> float:
     await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi"}])
     time.sleep(3600)
     return 1.0
+
+
+async def exits(task: dict[str, Any], client: Any) -> float:
+    await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi"}])
+    os._exit(3)
 
 
 async def sleeps(task: dict[str, Any], client: Any) -> float:

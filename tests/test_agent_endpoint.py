@@ -131,14 +131,15 @@ def test_a_misbehaving_agent_costs_its_episode_only(engine):
     assert all(sum(e.samples()[0].loss_mask) == 0 for e in played[2][0:1])  # a failed episode trains nothing
 
 
-@pytest.mark.parametrize("agent", ["blocks", "sleeps"])
+@pytest.mark.parametrize("agent", ["blocks", "sleeps", "exits"])
 def test_an_agent_that_hangs_is_stopped_at_its_deadline(engine, agent):
-    """`blocks` holds its event loop with a sync sleep: only the worker's deadline and kill stop it."""
+    """`blocks` holds its event loop with a sync sleep: only the worker's deadline and kill stop it;
+    `exits` ends the host process itself (os._exit): its episode fails at once."""
     runner = runner_for(engine, f"agent_helpers:{agent}", timeout_s=2)
     started = time.monotonic()
     (episode,), = runner.run(rows(1), SamplingSettings(n=1, max_new_tokens=6), seeds(1))
     assert time.monotonic() - started < 15
-    assert episode.error is not None and "timeout_s=2" in episode.error
+    assert episode.error is not None and ("host exited" if agent == "exits" else "timeout_s=2") in episode.error
 
 
 def test_the_agent_section_is_checked_before_anything_starts():

@@ -63,6 +63,16 @@ class Board:
                 record_result(episode, event)
             self.changed.notify_all()
 
+    def host_exited(self) -> None:
+        """The host's events ended (it exited or was killed): its unfinished episodes fail now,
+        not at the call's deadline."""
+        with self.changed:
+            for episode in self.episodes.values():
+                if not episode.returned and episode.ended is None:
+                    self.end(episode, "its agent host exited", "the agent host exited before the agent returned "
+                             "(its error, if any, is in the rollout worker's log)")
+            self.changed.notify_all()
+
     def end(self, episode: AgentEpisode, reason: str, error: str | None = None) -> None:
         """End an episode server-side (its requests now 409); caller holds `changed`."""
         if error is not None and episode.error is None:

@@ -93,6 +93,7 @@ class AgentRunner:
                 self.board.host_event(json.loads(line))
             except ValueError:
                 continue
+        self.board.host_exited()
 
     def _play(self, episodes: list[AgentEpisode], deadline: float) -> None:
         """Serve rounds until every episode has ended or the call's deadline passes."""
