@@ -51,10 +51,11 @@ class Board:
             episode.pending = Pending(request, answer)
             self.changed.notify_all()
 
-    def host_event(self, event: dict[str, Any]) -> None:
-        """The host started an agent, or reported what it returned or how it failed."""
+    def host_event(self, event: dict[str, Any], call: dict[str, AgentEpisode]) -> None:
+        """The host of `call` (its episodes by id) started an agent, or reported what it returned or
+        how it failed."""
         with self.changed:
-            episode = self.episodes.get(str(event.get("id")))
+            episode = call.get(str(event.get("id")))
             if episode is None:
                 return
             if event.get("event") == "started":
@@ -63,11 +64,11 @@ class Board:
                 record_result(episode, event)
             self.changed.notify_all()
 
-    def host_exited(self) -> None:
-        """The host's events ended (it exited or was killed): its unfinished episodes fail now,
-        not at the call's deadline."""
+    def host_exited(self, call: dict[str, AgentEpisode]) -> None:
+        """The events of `call`'s host ended (it exited or was killed): its unfinished episodes fail
+        now, not at the call's deadline."""
         with self.changed:
-            for episode in self.episodes.values():
+            for episode in call.values():
                 if not episode.returned and episode.ended is None:
                     self.end(episode, "its agent host exited", "the agent host exited before the agent returned "
                              "(its error, if any, is in the rollout worker's log)")

@@ -64,16 +64,18 @@ class AgentRunner:
                     for i, row_seed in enumerate(seeds) for j in range(sampling.n)
                     for seed in [completion_seed(row_seed, j)]]
         self.board.open(episodes, replace(sampling, n=1), self.agent.concurrency)
-        host = self._start_host(rows, episodes)
+        host, reader = self._start_host(rows, episodes)
         try:
             self._play(episodes, time.monotonic() + call_deadline_s(self.agent, len(episodes)))
         finally:
             os.killpg(host.pid, signal.SIGKILL)
             host.wait()
+            reader.join(timeout=10)  # its events are of this call's episodes only, whenever they come
             self.board.close()
         return [episodes[i : i + sampling.n] for i in range(0, len(episodes), sampling.n)]
 
-    def _start_host(self, rows: list[dict[str, Any]], episodes: list[AgentEpisode]) -> subprocess.Popen:
+    def _start_host(self, rows: list[dict[str, Any]],
+                    episodes: list[AgentEpisode]) -> tuple[subprocess.Popen, threading.Thread]:
         job = {"agent": self.agent.name, "api_key": self.server.api_key, "concurrency": self.agent.concurrency,
                "timeout_s": self.agent.timeout_s,
                "episodes": [{"id": e.episode_id, "base_url": self.server.base_url(e.episode_id),
@@ -84,16 +86,18 @@ class AgentRunner:
         assert host.stdin is not None and host.stdout is not None
         host.stdin.write(json.dumps(job, default=repr) + "\n")
         host.stdin.flush()  # stdin stays open: its end tells the host that this worker died
-        threading.Thread(target=self._read_events, args=(host.stdout,), daemon=True, name="agent-host").start()
-        return host
+        call = {episode.episode_id: episode for episode in episodes}
+        reader = threading.Thread(target=self._read_events, args=(host.stdout, call), daemon=True, name="agent-host")
+        reader.start()
+        return host, reader
 
-    def _read_events(self, stdout: Any) -> None:
+    def _read_events(self, stdout: Any, call: dict[str, AgentEpisode]) -> None:
         for line in stdout:
             try:
-                self.board.host_event(json.loads(line))
+                self.board.host_event(json.loads(line), call)
             except ValueError:
                 continue
-        self.board.host_exited()
+        self.board.host_exited(call)
 
     def _play(self, episodes: list[AgentEpisode], deadline: float) -> None:
         """Serve rounds until every episode has ended or the call's deadline passes."""
