@@ -18,6 +18,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from grpo_dist.agent.config import AgentConfig, check_agent_deadline
 from grpo_dist.env.config import EnvConfig, check_env_deadlines, check_training_env
 from grpo_dist.recipes import RecipeError, compose, deep_merge, describe_error
 from grpo_dist.reward.registry import check_reward_options, load_reward
@@ -300,13 +301,24 @@ class Config(Section):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     env: EnvConfig | None = Field(None, description="multi-turn episodes (docs/multiturn.md); null: single-turn")
+    agent: AgentConfig | None = Field(None, description="episodes played by your own OpenAI-API agent "
+                                      "(docs/agents.md); null: none")
 
     @model_validator(mode="after")
     def _env_fits_training(self) -> Config:
-        check_training_env(self.env, [f.name for f in self.reward.functions], self.algo.aggregation,
-                           self.algo.overlong_buffer is not None, self.algo.minibatch_size)
+        if self.env is not None and self.agent is not None:
+            raise ValueError("env and agent are both set: an episode is played by an environment or by an agent")
+        for section, episodes in (("env", self.env), ("agent", self.agent)):
+            check_training_env(episodes, [f.name for f in self.reward.functions], self.algo.aggregation,
+                               self.algo.overlong_buffer is not None, self.algo.minibatch_size, section)
         check_env_deadlines(self.env, self.trainer.call_timeout_s)
+        check_agent_deadline(self.agent, self.trainer.call_timeout_s, self.rollout)
         return self
+
+    @property
+    def episodes(self) -> EnvConfig | AgentConfig | None:
+        """The section that plays multi-turn episodes (env or agent), None for single-turn."""
+        return self.env or self.agent
 
     @model_validator(mode="after")
     def _minibatches_hold_whole_groups(self) -> Config:

@@ -298,8 +298,9 @@ def prompt_token_limit(config: Config) -> int | None:
     if context is None:
         return rollout.max_prompt_tokens
     room = context - rollout.max_new_tokens
-    if config.env is not None and config.env.max_episode_tokens > room:
-        raise DataError(f"env.max_episode_tokens={config.env.max_episode_tokens} + rollout.max_new_tokens="
+    episodes, section = config.episodes, "env" if config.env is not None else "agent"
+    if episodes is not None and episodes.max_episode_tokens > room:
+        raise DataError(f"{section}.max_episode_tokens={episodes.max_episode_tokens} + rollout.max_new_tokens="
                         f"{rollout.max_new_tokens} exceed the context of {context} tokens")
     if room < 1:
         raise DataError(f"rollout.max_new_tokens={rollout.max_new_tokens} leaves no room for a prompt "
@@ -330,9 +331,10 @@ def prepare_data(config: Config, tokenizer: Any = None) -> PreparedData:
     tokenizer = tokenizer if tokenizer is not None else _tokenizer(config)
     data = config.data
     prompt_format = PromptFormat(data, tokenizer, fields_needed(config.reward))
-    if config.env is not None and config.env.history == "per_turn" and not prompt_format.chat:
-        raise DataError("env.history=per_turn renders each turn with the chat template, and none is applied "
-                        "(data.chat_template, or a tokenizer without one): use env.history=append")
+    if config.episodes is not None and config.episodes.history == "per_turn" and not prompt_format.chat:
+        section = "env" if config.env is not None else "agent"
+        raise DataError(f"{section}.history=per_turn renders each turn with the chat template, and none is applied "
+                        f"(data.chat_template, or a tokenizer without one): use {section}.history=append")
     train = prepare_split(load_table(data.train, data.split, data.subset), prompt_format, prompt_token_limit(config))
     return PreparedData(train=train, eval=held_out_prompts(config, tokenizer))
 

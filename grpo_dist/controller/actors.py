@@ -74,7 +74,8 @@ class Actors:
         reward = effective_reward(config)
         actors = cls(
             rollouts=[rollout_cls.options(**options("rollout", index)).remote(config.model, config.rollout,
-                                                                               seed * 1000 + index, config.env)
+                                                                               seed * 1000 + index, config.env,
+                                                                               config.agent)
                       for index in range(config.rollout.num_workers)],
             rewards=[reward_cls.options(**options("reward", index)).remote(reward)
                      for index in range(config.reward.num_workers)],

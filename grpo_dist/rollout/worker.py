@@ -8,6 +8,8 @@ from typing import Any
 import ray
 import torch
 
+from grpo_dist.agent.config import AgentConfig
+from grpo_dist.agent.runner import AgentRunner, agent_sums
 from grpo_dist.config import ModelConfig, RolloutConfig, resolve_path, vllm_installed
 from grpo_dist.env.config import EnvConfig
 from grpo_dist.env.groups import episode_groups
@@ -50,14 +52,19 @@ def build_engine(model: ModelConfig, rollout: RolloutConfig, seed: int) -> Gener
 class RolloutWorker:
     """Runs as a Ray actor (see controller/actors.py); plain class so that it can be used directly."""
 
-    def __init__(self, model: ModelConfig, rollout: RolloutConfig, seed: int, env: EnvConfig | None = None) -> None:
+    def __init__(self, model: ModelConfig, rollout: RolloutConfig, seed: int, env: EnvConfig | None = None,
+                 agent: AgentConfig | None = None) -> None:
         torch.set_num_threads(rollout.threads)
         self.engine_name = resolve_engine(rollout.engine, rollout.num_gpus)
         self.engine = build_engine(model, rollout, seed)
         self.version = 0
         self.load_s = 0.0  # seconds spent taking weights since the last generate_chunk
-        # env: each prompt's group is sampling.n episodes of the environment (env/runner.py)
-        self.episodes = None if env is None else EpisodeRunner(self.engine, load_tokenizer(model.path), env)
+        # env or agent: each prompt's group is sampling.n episodes (env/runner.py, agent/runner.py)
+        self.episodes: EpisodeRunner | AgentRunner | None = None
+        if env is not None:
+            self.episodes = EpisodeRunner(self.engine, load_tokenizer(model.path), env)
+        elif agent is not None:
+            self.episodes = AgentRunner(self.engine, load_tokenizer(model.path), agent, model.path)
         self.env_sums: dict[str, float] = {}  # the last generate's episodes, for generate_chunk's info
 
     def generate(self, prompts: list[Prompt], sampling: SamplingSettings, seeds: list[int]) -> list[Group]:
@@ -69,7 +76,8 @@ class RolloutWorker:
             raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
         if self.episodes is not None:  # every turn's engine call is under this one version too
             played = self.episodes.run([p.row for p in prompts], sampling, seeds)
-            self.env_sums = episode_sums([episode for group in played for episode in group])
+            sums = agent_sums if isinstance(self.episodes, AgentRunner) else episode_sums
+            self.env_sums = sums([episode for group in played for episode in group])  # type: ignore[arg-type]
             return episode_groups(prompts, played, self.version)
         completions = self.engine.generate([p.ids for p in prompts], sampling, seeds)
         return [

@@ -1,0 +1,89 @@
+"""The agent host: a child process of the rollout worker where agents run, so they can be stopped.
+
+    python -m grpo_dist.agent.host   (job as one JSON line on stdin; events as JSON lines on stdout)
+
+Job: {"agent": "package.module:function", "api_key", "concurrency", "timeout_s",
+"episodes": [{"id", "base_url", "task"}, ...]}. Episodes start in order, `concurrency` at
+once, each with an openai.AsyncOpenAI of its own, under `timeout_s`. Events:
+{"id", "event": "started"} and {"id", "event": "result", "reward", "info"} or {..., "error"}.
+The worker kills this process's group when the call ends; stdin's end (the worker died) ends it too.
+An agent's own prints go to stderr, so they cannot garble the events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import sys
+import threading
+from typing import Any, TextIO
+
+from grpo_dist.agent.config import load_agent
+
+
+def check_result(value: Any) -> dict[str, Any]:
+    """A finite float, or a dict with a finite "reward" (its other keys: the episode's info)."""
+    info: dict[str, Any] = {}
+    if isinstance(value, dict):
+        info = {k: v for k, v in value.items() if k != "reward"}
+        value = value.get("reward")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return {"error": f"the agent returned {value!r}: a finite float or a dict with a finite \"reward\" is needed"}
+    return {"reward": float(value), "info": json.loads(json.dumps(info, default=repr))}
+
+
+async def play_episode(run: Any, spec: dict[str, Any], api_key: str, timeout_s: float,
+                       http: Any) -> dict[str, Any]:
+    """One agent under its deadline, with a client of its own (sharing the host's connection pool:
+    a client with its own builds an SSL context, tens of milliseconds each)."""
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=spec["base_url"], api_key=api_key, max_retries=0, timeout=timeout_s,
+                                http_client=http)
+    try:
+        return check_result(await asyncio.wait_for(run(spec["task"], client), timeout_s))
+    except asyncio.TimeoutError:
+        return {"error": f"the agent did not return within agent.timeout_s={timeout_s:g}"}
+    except Exception as exc:  # noqa: BLE001 - whatever the agent did costs its episode only
+        return {"error": f"the agent raised {type(exc).__name__}: {exc}"}
+
+
+async def play(job: dict[str, Any], events: TextIO) -> None:
+    """Every episode of the job, in order, `concurrency` at once."""
+    import openai
+
+    run, queue = load_agent(job["agent"]), list(job["episodes"])
+    http = openai.DefaultAsyncHttpxClient(trust_env=False)  # the endpoint is never behind a proxy
+
+    def emit(event: dict[str, Any]) -> None:
+        events.write(json.dumps(event) + "\n")
+        events.flush()
+
+    async def slot() -> None:
+        while queue:
+            spec = queue.pop(0)
+            emit({"id": spec["id"], "event": "started"})
+            result = await play_episode(run, spec, job["api_key"], job["timeout_s"], http)
+            emit({"id": spec["id"], "event": "result", **result})
+
+    async with http:
+        await asyncio.gather(*(slot() for _ in range(min(job["concurrency"], len(queue)) or 1)))
+
+
+def _exit_when_stdin_ends() -> None:
+    sys.stdin.read()
+    os._exit(1)
+
+
+def main() -> None:
+    job = json.loads(sys.stdin.readline())
+    events = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # the agent's prints go to stderr
+    threading.Thread(target=_exit_when_stdin_ends, daemon=True).start()
+    asyncio.run(play(job, events))
+
+
+if __name__ == "__main__":
+    main()
