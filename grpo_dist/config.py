@@ -217,10 +217,8 @@ class RewardConfig(Section):
     accuracy_from: str = Field("exact_answer", description="the function whose score 1.0 counts as correct")
     failure_score: float = Field(0.0, description="score of a sample whose reward raised or timed out")
     timeout_s: float = Field(10.0, gt=0, description="per-sample deadline of a reward function")
-    batch_timeout_s: float = Field(
-        300.0, gt=0, description="deadline of one call of a batched reward (a reward actor's share of a chunk); "
-        "keep it below trainer.call_timeout_s, past which the reward actor counts as hung"
-    )
+    batch_timeout_s: float = Field(300.0, gt=0, description="deadline of one call of a batched reward (a reward "
+                                   "actor's share of a chunk); keep it below trainer.call_timeout_s")
     num_workers: int = Field(1, ge=1, description="reward actors")
     placement: Strategy = Field("pack", description="placement group strategy of the reward actors")
     num_cpus: float = Field(0.25, ge=0, description="Ray CPUs per reward actor")
@@ -301,8 +299,7 @@ class Config(Section):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     env: EnvConfig | None = Field(None, description="multi-turn episodes (docs/multiturn.md); null: single-turn")
-    agent: AgentConfig | None = Field(None, description="episodes played by your own OpenAI-API agent "
-                                      "(docs/agents.md); null: none")
+    agent: AgentConfig | None = Field(None, description="episodes played by your OpenAI-API agent (docs/agents.md)")
 
     @model_validator(mode="after")
     def _env_fits_training(self) -> Config:
