@@ -6,7 +6,7 @@ backward (gradients accumulate) -> sum over ranks -> clip -> AdamW step; then th
 rate's schedule steps. The pieces live beside it: batch.py (groups to tensors,
 micro-batches), logprobs.py, precision.py (float32 masters), lora.py (LoRA adapters),
 distributed.py (data-parallel ranks; one rank: no-ops), schedule.py, metrics.py, state.py
-(checkpoints), weight_group.py (the NCCL sender). group.py runs several ranks as one learner.
+(checkpoints), export.py (weights to the engines, the NCCL sender). group.py runs several ranks as one learner.
 `learn_chunk` and `finish_step` are the same step taken chunk by chunk, as the chunks are scored
 (overlap.py: an overlapped sync step).
 """
@@ -24,7 +24,6 @@ import torch
 from grpo_dist import grpo
 from grpo_dist.config import AlgoConfig, LearnerConfig, ModelConfig, RolloutConfig
 from grpo_dist.dtypes import DTYPES
-from grpo_dist.learner import sharded_state, state
 from grpo_dist.learner.batch import TrainBatch
 from grpo_dist.learner.distributed import DataParallel
 from grpo_dist.learner.logprobs import batch_logprobs, token_logprobs
@@ -32,14 +31,13 @@ from grpo_dist.learner.metrics import StepStats, advantage_metrics, sampler_agre
 from grpo_dist.learner.overlap import ChunkedStep, divide_grads
 from grpo_dist.learner.precision import load_policy, load_reference
 from grpo_dist.learner.schedule import make_scheduler
-from grpo_dist.learner.sharded import ShardedRanks, ShardedWeights, copy_shards, full, shard
-from grpo_dist.learner.weight_group import WeightGroup
+from grpo_dist.learner.export import WeightGroup
+from grpo_dist.learner.sharded import ShardedRanks, ShardedWeights, full, shard
 from grpo_dist.memory import peak_mb, reset_peak
 from grpo_dist.models import load_tokenizer
 from grpo_dist.types import Group
 from grpo_dist.weights import nccl
-from grpo_dist.weights.buckets import DEFAULT_BUCKET_BYTES, Bucket, plan_buckets
-from grpo_dist.weights.checksum import WireStateDict, export_state_dict, state_checksum
+from grpo_dist.weights.buckets import DEFAULT_BUCKET_BYTES, Bucket
 
 
 class Learner:
@@ -276,10 +274,7 @@ class Learner:
         every = self.algo.ref_refresh_every
         if every is None or self.version % every:
             return
-        if self.sharded:
-            copy_shards(self.reference, self.policy)  # sharded alike: shard by shard, rounded to model.dtype
-        else:
-            self.reference.load_state_dict(self.weights.served_state_dict())
+        self.weights.refresh_reference(self.reference)
 
     def logprobs(self, groups: list[Group]) -> list[list[list[float]]]:
         """The learner's logprobs of each completion's tokens, shaped like the groups."""
@@ -294,31 +289,16 @@ class Learner:
             row += len(group.completions)
         return out
 
-    # ------------------------------------------------------------ weights to the engines
-
-    @property
-    def sharded(self) -> bool:
-        return isinstance(self.weights, ShardedWeights)
+    # ------------------------------------------------------------ weights to the engines (export.py)
 
     def export_weights(self, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> dict[str, torch.Tensor] | list[Any] | None:
-        """The weights the engines serve (model.dtype; LoRA: merged); through Ray they land in the object store once.
-
-        Sharded (every rank calls it): gathered a bucket at a time, each put in the object store
-        by rank 0 before the next is gathered; rank 0 returns the buckets' ObjectRefs, the others None.
-        """
-        if not self.sharded:
-            return export_state_dict(self.weights.served_state_dict())
-        import ray
-
-        refs = []
-        for bucket in self.weights.buckets(bucket_bytes):  # a collective: every rank gathers each bucket
-            if self.ranks.rank == 0:
-                refs.append(ray.put(WireStateDict(bucket)))
-        return refs if self.ranks.rank == 0 else None
+        """The weights the engines serve (model.dtype; LoRA: merged); through Ray they land in the object
+        store once. Sharded (every rank calls it): rank 0 returns the buckets' ObjectRefs, the others None."""
+        return self.weights.export(bucket_bytes)
 
     def checksum(self) -> str:
         """`state_checksum` of what `export_weights` returns (sharded: every rank calls it)."""
-        return self.weights.checksum() if self.sharded else state_checksum(self.weights.served_state_dict())
+        return self.weights.checksum()
 
     def weight_group_address(self) -> tuple[str, int]:
         """Where this node can serve a rendezvous (its IP, a free port): the weight group's, or the ranks'."""
@@ -331,18 +311,11 @@ class Learner:
 
     def weight_plan(self, bucket_bytes: int) -> list[Bucket]:
         """How `send_weights` packs the state dict; every receiver needs the same plan."""
-        return plan_buckets(self.weights.served_names() if self.sharded else self.weights.served_state_dict(),
-                            bucket_bytes)
+        return self.weights.weight_plan(bucket_bytes)
 
     def send_weights(self, buckets: list[Bucket]) -> None:
         """Broadcast the served weights over the weight group; returns when they have left."""
-        if not self.sharded:
-            self.weight_group.send(self.weights.served_state_dict(), buckets)
-            return
-        for bucket in buckets:  # every rank gathers the bucket; rank 0 sends it before the next is gathered
-            tensors = self.weights.gather([slot.name for slot in bucket.slots])
-            if self.ranks.rank == 0:
-                self.weight_group.send(tensors, [bucket])
+        self.weights.send(self.weight_group, buckets)
 
     def leave_weight_group(self) -> None:
         self.weight_group.leave()
@@ -363,7 +336,7 @@ class Learner:
         else:
             self.ranks = ShardedRanks.join(host, port, rank, world_size, self.device,
                                             self.learner_config.collective_timeout_s)
-            self.weights = ShardedWeights(self.policy, self.dtype, self.learner_config.offload,
+            self.weights = ShardedWeights(self.policy, self.dtype, self.ranks.rank, self.learner_config.offload,
                                           getattr(self.weights, "layers", None))
             if isinstance(self.reference, torch.nn.Module):  # LoRA's reference is the policy itself
                 shard(self.reference, None, self.learner_config.offload, inference=True)
@@ -374,26 +347,25 @@ class Learner:
     # ------------------------------------------------------------ saving
 
     def save_state(self, directory: str) -> None:
-        """The learner's share of a checkpoint (learner/state.py); the caller makes it atomic."""
+        """The learner's share of a checkpoint (learner/state.py; sharded: every rank writes its shards);
+        the caller makes it atomic."""
         counters = {"version": self.version, "optimizer_steps": self.optimizer_steps,
                     "skipped_steps": self.skipped_steps}
-        refreshed = self.reference if self.algo.ref_refresh_every is not None else None
-        if self.sharded:  # every rank writes its shards
-            sharded_state.save_state(Path(directory), self.weights, self.tokenizer, self.optimizer, self.scheduler,
-                                     refreshed, self.generator, counters, self.ranks.rank)
-            return
-        state.save_state(Path(directory), self.weights, self.tokenizer, self.optimizer, self.scheduler, refreshed,
-                         self.generator, counters)
+        self.weights.save_state(Path(directory), self.tokenizer, self.optimizer, self.scheduler,
+                                self._refreshed_reference(), self.generator, counters)
 
     def load_state(self, directory: str) -> int:
         """Continue from `save_state`'s directory, in a learner built from the same config; returns
         the policy version restored."""
-        refreshed = self.reference if self.algo.ref_refresh_every is not None else None
-        counters = (sharded_state if self.sharded else state).load_state(
-            Path(directory), self.weights, self.optimizer, self.scheduler, refreshed, self.generator)
+        counters = self.weights.load_state(Path(directory), self.optimizer, self.scheduler,
+                                           self._refreshed_reference(), self.generator)
         self.version = counters["version"]
         self.optimizer_steps, self.skipped_steps = counters["optimizer_steps"], counters["skipped_steps"]
         return self.version
+
+    def _refreshed_reference(self) -> Callable[..., Any] | None:
+        """The reference when it is no longer model.path's (algo.ref_refresh_every replaces it), else None."""
+        return self.reference if self.algo.ref_refresh_every is not None else None
 
     def write_probe(self, path: str, text: str) -> None:
         """Write `text` to `path` (checkpoint.check_shared_storage: can the driver read it?)."""
@@ -401,7 +373,5 @@ class Learner:
 
     def save(self, path: str) -> str:
         """Write the policy (float32 masters; LoRA: merged, and the adapter) and tokenizer to `path`,
-        replacing a folder there atomically (`state.write_policy`)."""
-        if self.sharded:  # every rank gathers, rank 0 writes
-            return str(sharded_state.write_policy(self.weights, self.tokenizer, Path(path), self.ranks.rank))
-        return str(state.write_policy(self.weights, self.tokenizer, Path(path)))
+        replacing a folder there atomically (sharded: every rank gathers, rank 0 writes)."""
+        return str(self.weights.write_policy(self.tokenizer, Path(path)))
