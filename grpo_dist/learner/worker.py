@@ -40,6 +40,9 @@ from grpo_dist.weights import nccl
 from grpo_dist.weights.buckets import DEFAULT_BUCKET_BYTES, Bucket
 
 
+WHOLE_BATCH = "train_step"  # the key of train_step's one chunk
+
+
 class Learner:
     """Runs as a Ray actor (see controller/actors.py; group.py for several ranks); plain class so that it
     can be used directly. `total_steps` (trainer.steps) is the learning-rate schedule's length."""
@@ -87,18 +90,15 @@ class Learner:
         """One GRPO update on the scored groups of every chunk, the first `max_groups` of them
         when given (dynamic sampling drops the rest); the policy version advances by one.
 
-        A minibatch whose loss or gradient is not finite leaves the weights and AdamW's state
-        untouched: `policy/skipped_steps` counts such minibatches, `policy/step_skipped` is 1.
+        It is `learn_chunk` then `finish_step` on the batch as one chunk whose gradient pass waits
+        for the end (tests/test_overlap.py: the same to the bit). A minibatch whose loss or gradient
+        is not finite leaves the weights and AdamW's state untouched: `policy/skipped_steps` counts
+        such minibatches, `policy/step_skipped` is 1.
         """
-        learn_started, started = time.time(), time.perf_counter()
-        reset_peak(self.device)
         groups = [group for chunk in chunks for group in chunk][:max_groups]
-        batch = self._batch(groups)
-        # pi_old, the weights that sampled. With one optimizer step per batch it is the grad
-        # pass itself, detached (filled in by _update); otherwise it is computed once, first.
-        single_step = self._single_step(len(batch))
-        self._old_logprobs(batch, computed=not single_step)
-        return self._train(batch, groups, StepStats(), single_step, learn_started, started)
+        self.chunked = self._begin_step(accumulated=False, whole=True)
+        self.learn_chunk(groups, WHOLE_BATCH)
+        return self._finish()
 
     def learn_chunk(self, groups: list[Group], key: str) -> None:
         """Overlap inside a sync step (controller/overlap.py): what can be done on one scored chunk
@@ -107,11 +107,12 @@ class Learner:
         divides by the whole batch's D. `key` names the chunk (its object reference)."""
         began = time.perf_counter()
         if self.chunked is None:
-            reset_peak(self.device)
-            self.weights.zero_grad()
-            self.chunked = ChunkedStep(accumulated=self.algo.mu == 1 and self.algo.minibatch_size is None)
+            self.chunked = self._begin_step(accumulated=self.algo.mu == 1 and self.algo.minibatch_size is None)
         batch = self._batch(groups)
-        self._old_logprobs(batch, computed=not self.chunked.accumulated)
+        # pi_old is the weights that sampled. Where the gradient pass is the batch's first, it fills
+        # pi_old in (its logprobs, detached); otherwise it is computed first.
+        fill_old = self.chunked.accumulated or (self.chunked.whole and self._single_step(len(batch)))
+        self._old_logprobs(batch, computed=not fill_old)
         if self.chunked.accumulated:
             self._accumulate(batch, torch.arange(len(batch)), self.chunked.stats, fill_old=True, denominator=1.0)
         self.chunked.add(key, batch, groups, time.perf_counter() - began)
@@ -127,24 +128,31 @@ class Learner:
             self.chunked = None
             for chunk, key in zip(chunks, keys):
                 self.learn_chunk(chunk, key)
+        return {**self._finish(), "policy/overlap_fallback": float(fallback)}
+
+    def _begin_step(self, accumulated: bool, whole: bool = False) -> ChunkedStep:
+        reset_peak(self.device)
+        self.weights.zero_grad()
+        return ChunkedStep(accumulated=accumulated, whole=whole)
+
+    def _finish(self) -> dict[str, float]:
+        """The step's optimizer steps on the chunks taken, then its end."""
         began = time.perf_counter()
         chunked, self.chunked = self.chunked, None
         assert chunked is not None
         batch = TrainBatch.concat(chunked.parts, self.tokenizer.pad_token_id)
         single_step = self._single_step(len(batch))
         if not chunked.accumulated:
-            metrics = self._train(batch, chunked.groups, chunked.stats, single_step, chunked.learn_started, began,
-                                  chunked.busy_s)
-            return {**metrics, "policy/overlap_fallback": float(fallback)}
+            return self._train(batch, chunked.groups, chunked.stats, single_step, chunked.learn_started, began,
+                               chunked.busy_s)
         self._minibatches(len(batch))  # (one, the whole batch) the generator advances as train_step's does
         denominator = grpo.loss_denominator(batch.mask, self.algo.aggregation, self.rollout.max_new_tokens)
         divide_grads(self.weights.params, denominator)
         chunked.stats.divide_losses(denominator)
         lr = self.optimizer.param_groups[0]["lr"]
         self._step(chunked.stats)
-        metrics = self._end_step(batch, chunked.groups, chunked.stats, single_step, lr, chunked.learn_started,
-                                 began, chunked.busy_s)
-        return {**metrics, "policy/overlap_fallback": float(fallback)}
+        return self._end_step(batch, chunked.groups, chunked.stats, single_step, lr, chunked.learn_started,
+                              began, chunked.busy_s)
 
     def _single_step(self, rows: int) -> bool:
         """Whether a batch of `rows` takes one optimizer step (mu 1, one minibatch)."""
