@@ -3,6 +3,7 @@ the library modules that import a command line, and the functions too long to re
 
     python scripts/import_graph.py          # prints the graph; exit 1 on a circle, a library->CLI import
                                             # or a function longer than MAX_FUNCTION_LINES
+    python scripts/import_graph.py --classes [N]   # the N largest classes: methods, attributes, lines
 
 An import is any of: `import a.b`, `from a import b`, a relative `from . import b` / `from ..a
 import b`, and `importlib.import_module` with a constant name. A computed name is not followed: the
@@ -79,6 +80,24 @@ def long_functions(package: Path = PACKAGE, limit: int = MAX_FUNCTION_LINES) -> 
     return sorted(found, key=lambda item: -item[1])
 
 
+def class_sizes(package: Path = PACKAGE) -> list[tuple[str, int, int, int]]:
+    """("path:line Class(Bases)", methods, attributes, lines) of every class, most methods first. Methods are
+    those defined in its body; attributes the distinct `self.x` its methods assign (inherited ones not counted)."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            methods = [item for item in node.body if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))]
+            attributes = {target.attr for method in methods for target in ast.walk(method)
+                          if isinstance(target, ast.Attribute) and isinstance(target.ctx, ast.Store)
+                          and isinstance(target.value, ast.Name) and target.value.id == "self"}
+            bases = ", ".join(ast.unparse(base) for base in node.bases)
+            where = f"{path.relative_to(package.parent)}:{node.lineno} {node.name}" + (f"({bases})" if bases else "")
+            found.append((where, len(methods), len(attributes), node.end_lineno - node.lineno + 1))
+    return sorted(found, key=lambda item: (-item[1], -item[2]))
+
+
 def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     """Every strongly connected set of more than one module (Tarjan's algorithm)."""
     index: dict[str, int] = {}
@@ -118,6 +137,12 @@ def library_to_cli(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
 
 
 def main() -> int:
+    if sys.argv[1:2] == ["--classes"]:
+        count = int(sys.argv[2]) if len(sys.argv) > 2 else 15
+        print("methods attributes lines class")
+        for where, methods, attributes, lines in class_sizes()[:count]:
+            print(f"{methods:7d} {attributes:10d} {lines:5d} {where}")
+        return 0
     graph = import_graph()
     for name in sorted(graph):
         print(f"{name} -> {', '.join(sorted(graph[name])) or '-'}")

@@ -8,7 +8,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
-from import_graph import PACKAGE, circles, import_graph, library_to_cli, long_functions  # noqa: E402
+from import_graph import PACKAGE, circles, class_sizes, import_graph, library_to_cli, long_functions  # noqa: E402
 
 MAX_LINES = 450
 
@@ -48,6 +48,14 @@ def test_a_function_over_the_limit_is_found(tmp_path):
     body = "".join(f"    x = {i}\n" for i in range(59))
     package = write_package(tmp_path, {"m.py": f"def fits():\n{body}\n\ndef too_long():\n{body}    return x\n"})
     assert long_functions(package) == [("pkg/m.py:63 too_long", 61)]  # fits() holds 60 lines: the limit
+
+
+def test_class_sizes_count_own_methods_and_the_attributes_they_assign(tmp_path):
+    source = ("class Base:\n    def __init__(self):\n        self.a = self.b = 1\n\n\n"
+              "class Child(Base):\n    def f(self):\n        self.a, self.c = 2, self.b\n\n    def g(self):\n"
+              "        other.d = 3\n")
+    assert class_sizes(write_package(tmp_path, {"m.py": source})) == [
+        ("pkg/m.py:6 Child(Base)", 2, 2, 6), ("pkg/m.py:1 Base", 1, 2, 3)]
 
 
 def test_no_function_is_longer_than_a_reader_holds():

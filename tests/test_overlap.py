@@ -64,6 +64,23 @@ def test_several_optimizer_steps_overlap_only_the_no_grad_passes():
     assert_same_step(common, [groups[:2], groups[2:]])
 
 
+def test_train_step_is_learn_chunk_and_finish_step_to_the_bit():
+    """Where they are the same computation (several optimizer steps: no gradient pass before the
+    last chunk; the batch one chunk), train_step and learn_chunk + finish_step give bit-identical
+    masters and metrics, two steps running (AdamW: any rounding would show)."""
+    common = ["algo.beta=0.1", "rollout.temperature=0.7", "algo.mu=2", "algo.minibatch_size=8",
+              "learner.micro_batch_size=3"]
+    groups = scored_groups(make_config(*common))
+    whole, chunked = make_learner(*common), make_learner(*common)
+    for _ in range(2):
+        expected = whole.train_step(groups)
+        got = overlapped(chunked, [groups])
+        assert got.pop("policy/overlap_fallback") == 0.0
+        assert without_clocks(got) == without_clocks(expected)
+        assert all(torch.equal(mine, theirs) for mine, theirs in zip(masters(chunked), masters(whole)))
+    assert whole.version == chunked.version == 2
+
+
 @pytest.mark.parametrize("common", [[], ["algo.mu=2", "algo.beta=0.1"]])
 def test_chunks_that_were_sent_again_give_the_calm_step_to_the_bit(common):
     """A chunk generated again has another key: the learner drops what it took (a stale chunk's

@@ -25,6 +25,7 @@ from peft import PeftModel, get_peft_model, set_peft_model_state_dict
 from peft.tuners.lora import LoraLayer
 from peft.utils import load_peft_weights
 
+from grpo_dist.learner.replicated import ReplicatedWeights
 from grpo_dist.run_config import LoraConfig
 
 ADAPTER = "adapter"  # the adapter's folder inside a saved policy
@@ -49,7 +50,7 @@ class BasePolicy:
             return self.model(**inputs)
 
 
-class LoraWeights:
+class LoraWeights(ReplicatedWeights):
     """The trainable part of a LoRA policy, with the interface of `precision.MasterWeights`."""
 
     def __init__(self, model: PeftModel, dtype: torch.dtype) -> None:

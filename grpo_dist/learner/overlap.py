@@ -28,6 +28,7 @@ class ChunkedStep:
     groups, and the statistics of their gradient pass when it ran (`accumulated`)."""
 
     accumulated: bool  # the gradient pass ran on each chunk (one optimizer step per batch)
+    whole: bool = False  # one chunk, the whole batch (train_step): a single step's gradient pass fills pi_old
     keys: list[str] = field(default_factory=list)
     parts: list[TrainBatch] = field(default_factory=list)
     groups: list[Group] = field(default_factory=list)

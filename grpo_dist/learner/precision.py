@@ -25,17 +25,23 @@ interface as `MasterWeights`).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
+from transformers import PreTrainedTokenizerBase
 
-from grpo_dist.run_config import LoraConfig
 from grpo_dist.dtypes import DTYPES
+from grpo_dist.learner.export import WeightGroup
+from grpo_dist.learner.replicated import ReplicatedWeights
 from grpo_dist.models import load_causal_lm
+from grpo_dist.run_config import LoraConfig
+from grpo_dist.weights.buckets import Bucket
 
 
 class PolicyWeights(Protocol):
-    """The policy's trainable weights as the learner sees them (`MasterWeights`, `lora.LoraWeights`)."""
+    """The policy's trainable weights as the learner sees them, a strategy that holds all that differs
+    between a policy each rank holds whole (`MasterWeights`, `lora.LoraWeights`) and a sharded one
+    (`sharded.ShardedWeights`): the update's precision, export, checksum, sending, checkpoints."""
 
     model: torch.nn.Module  # what computes pi_theta
     params: list[torch.nn.Parameter]  # float32: what AdamW steps, gradients are reduced on
@@ -43,13 +49,21 @@ class PolicyWeights(Protocol):
     def zero_grad(self) -> None: ...
     def collect_grads(self) -> None: ...
     def update_compute_copies(self) -> None: ...
-    def served_state_dict(self) -> dict[str, torch.Tensor]: ...
-    def state_dict(self) -> dict[str, torch.Tensor]: ...
-    def save(self, directory: Path) -> None: ...
-    def load(self, directory: Path) -> None: ...
+    def export(self, bucket_bytes: int) -> dict[str, torch.Tensor] | list[Any] | None: ...
+    def checksum(self) -> str: ...
+    def weight_plan(self, bucket_bytes: int) -> list[Bucket]: ...
+    def send(self, group: WeightGroup, buckets: list[Bucket]) -> None: ...
+    def refresh_reference(self, reference: torch.nn.Module) -> None: ...
+    def save_state(self, directory: Path, tokenizer: PreTrainedTokenizerBase, optimizer: torch.optim.Optimizer,
+                   scheduler: torch.optim.lr_scheduler.LRScheduler, reference: torch.nn.Module | None,
+                   generator: torch.Generator, counters: dict[str, Any]) -> None: ...
+    def load_state(self, directory: Path, optimizer: torch.optim.Optimizer,
+                   scheduler: torch.optim.lr_scheduler.LRScheduler, reference: torch.nn.Module | None,
+                   generator: torch.Generator) -> dict[str, Any]: ...
+    def write_policy(self, tokenizer: PreTrainedTokenizerBase, target: Path) -> Path: ...
 
 
-class MasterWeights:
+class MasterWeights(ReplicatedWeights):
     """float32 masters of `model`'s parameters, which are cast to `dtype` here.
 
     Only parameters are cast: buffers (a rotary `inv_freq`) stay as the loader leaves them,

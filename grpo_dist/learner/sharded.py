@@ -18,16 +18,18 @@ bucket, each rank holding one bucket's full tensors at a time.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
+from transformers import PreTrainedTokenizerBase
 
+from grpo_dist.learner import sharded_state
 from grpo_dist.learner.distributed import DataParallel
-from grpo_dist.weights.buckets import plan_buckets
-from grpo_dist.weights.checksum import stream_checksum
+from grpo_dist.learner.export import ShardedExport
 
 BASE_LAYER = ".base_layer"
 
@@ -78,17 +80,19 @@ def full(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
-class ShardedWeights:
-    """The `precision.PolicyWeights` of an FSDP2-sharded policy (float32 shards are the masters).
+class ShardedWeights(ShardedExport):
+    """The `precision.PolicyWeights` of an FSDP2-sharded policy (float32 shards are the masters) on
+    rank `rank`: export and sending in export.ShardedExport, checkpoints in sharded_state.py.
 
     With `lora_layers` (peft's LoraLayer modules by base-model name) the base is frozen and
     only the adapters train; the served weights are merged, W + (alpha / r) B A, as lora.py's.
     """
 
-    def __init__(self, model: torch.nn.Module, dtype: torch.dtype, offload: str = "none",
+    def __init__(self, model: torch.nn.Module, dtype: torch.dtype, rank: int, offload: str = "none",
                  lora_layers: dict[str, torch.nn.Module] | None = None) -> None:
         self.model = shard(model, dtype, offload)
         self.dtype = dtype
+        self.rank = rank
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.lora_layers = lora_layers
         self.base = model.get_base_model() if lora_layers is not None else model
@@ -137,20 +141,27 @@ class ShardedWeights:
             out[name] = base.to(dtype)
         return out
 
-    def buckets(self, bucket_bytes: int, dtype: torch.dtype | None = None) -> Iterator[dict[str, torch.Tensor]]:
-        """The served weights, gathered a bucket of at most `bucket_bytes` at a time (a larger tensor alone)."""
-        for bucket in plan_buckets(self.served_names(), bucket_bytes):
-            yield self.gather([slot.name for slot in bucket.slots], dtype)
+    # ------------------------------------------------------------ checkpoints (every rank calls them)
 
-    def checksum(self) -> str:
-        """`state_checksum` of the served weights, gathered one tensor at a time in name order."""
-        return stream_checksum((name, self.gather([name])[name]) for name in sorted(self.served_names()))
+    def save_state(self, directory: Path, tokenizer: PreTrainedTokenizerBase, optimizer: torch.optim.Optimizer,
+                   scheduler: torch.optim.lr_scheduler.LRScheduler, reference: torch.nn.Module | None,
+                   generator: torch.Generator, counters: dict[str, Any]) -> None:
+        """Every rank writes its shards (sharded_state.py)."""
+        sharded_state.save_state(directory, self, tokenizer, optimizer, scheduler, reference, generator, counters,
+                                 self.rank)
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        raise NotImplementedError("a sharded policy has no whole state dict: use buckets()")
+    def load_state(self, directory: Path, optimizer: torch.optim.Optimizer,
+                   scheduler: torch.optim.lr_scheduler.LRScheduler, reference: torch.nn.Module | None,
+                   generator: torch.Generator) -> dict[str, Any]:
+        return sharded_state.load_state(directory, self, optimizer, scheduler, reference, generator)
 
-    def served_state_dict(self) -> dict[str, torch.Tensor]:
-        raise NotImplementedError("a sharded policy has no whole state dict: use buckets()")
+    def write_policy(self, tokenizer: PreTrainedTokenizerBase, target: Path) -> Path:
+        """Every rank gathers, rank 0 writes."""
+        return sharded_state.write_policy(self, tokenizer, target, self.rank)
+
+    def refresh_reference(self, reference: torch.nn.Module) -> None:
+        """pi_ref (sharded alike) becomes the policy shard by shard, rounded to model.dtype."""
+        copy_shards(reference, self.model)
 
 
 @torch.no_grad()

@@ -18,7 +18,7 @@ import json
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -28,7 +28,6 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from transformers import PreTrainedTokenizerBase
 
 from grpo_dist.atomic import replace_folder
-from grpo_dist.learner.sharded import ShardedWeights
 from grpo_dist.learner.state import COUNTERS, POLICY, RNG, SCHEDULER, save_tensors
 from grpo_dist.weights.buckets import plan_buckets
 
@@ -36,7 +35,18 @@ SHARDS = "shards"
 FILE_BYTES = 2 << 30  # the largest safetensors file of a saved policy (and the most any rank gathers)
 
 
-def save_policy(weights: ShardedWeights, tokenizer: PreTrainedTokenizerBase, directory: Path, rank: int,
+class Shards(Protocol):
+    """What this module reads of sharded.ShardedWeights: the sharded model and its gathered tensors."""
+
+    model: torch.nn.Module
+    base: torch.nn.Module
+    dtype: torch.dtype
+
+    def served_names(self) -> dict[str, torch.Tensor]: ...
+    def gather(self, names: list[str], dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]: ...
+
+
+def save_policy(weights: Shards, tokenizer: PreTrainedTokenizerBase, directory: Path, rank: int,
                 file_bytes: int = FILE_BYTES) -> None:
     """The policy's float32 masters (LoRA: merged) in Hugging Face's sharded safetensors layout,
     written by rank 0 one gathered bucket at a time; config.json keeps the serving dtype."""
@@ -59,7 +69,7 @@ def save_policy(weights: ShardedWeights, tokenizer: PreTrainedTokenizerBase, dir
         tokenizer.save_pretrained(directory)
 
 
-def write_policy(weights: ShardedWeights, tokenizer: PreTrainedTokenizerBase, target: Path, rank: int) -> Path:
+def write_policy(weights: Shards, tokenizer: PreTrainedTokenizerBase, target: Path, rank: int) -> Path:
     """`save_policy` into a hidden sibling of `target` (rank 0's), then renamed over it atomically."""
     staging = None
     if rank == 0:
@@ -75,7 +85,7 @@ def write_policy(weights: ShardedWeights, tokenizer: PreTrainedTokenizerBase, ta
     return target
 
 
-def _state(weights: ShardedWeights, optimizer: torch.optim.Optimizer,
+def _state(weights: Shards, optimizer: torch.optim.Optimizer,
            reference: torch.nn.Module | None) -> dict[str, Any]:
     """What DCP saves and loads in place: sharded model and optimizer state (and a refreshed reference)."""
     model, optim = get_state_dict(weights.model, optimizer)
@@ -85,7 +95,7 @@ def _state(weights: ShardedWeights, optimizer: torch.optim.Optimizer,
     return state
 
 
-def save_state(directory: Path, weights: ShardedWeights, tokenizer: PreTrainedTokenizerBase,
+def save_state(directory: Path, weights: Shards, tokenizer: PreTrainedTokenizerBase,
                optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler,
                reference: torch.nn.Module | None, generator: torch.Generator, counters: dict[str, Any],
                rank: int) -> None:
@@ -101,7 +111,7 @@ def save_state(directory: Path, weights: ShardedWeights, tokenizer: PreTrainedTo
     dist.barrier()  # every rank's shards are on disk before the caller seals the checkpoint
 
 
-def load_state(directory: Path, weights: ShardedWeights, optimizer: torch.optim.Optimizer,
+def load_state(directory: Path, weights: Shards, optimizer: torch.optim.Optimizer,
                scheduler: torch.optim.lr_scheduler.LRScheduler, reference: torch.nn.Module | None,
                generator: torch.Generator) -> dict[str, Any]:
     """Restore `save_state`'s directory, written by any number of ranks, into these; returns the counters.

@@ -20,26 +20,32 @@ import json
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
 from grpo_dist.atomic import replace_folder
-from grpo_dist.learner.precision import PolicyWeights
 from grpo_dist.models import load_causal_lm
 
 POLICY, OPTIMIZER, SCHEDULER, REFERENCE = "policy", "optimizer.pt", "scheduler.pt", "reference"
 RNG, COUNTERS = "rng.pt", "learner.json"
 
 
-def save_policy(weights: PolicyWeights, tokenizer: PreTrainedTokenizerBase, directory: Path) -> None:
+class SavedPolicy(Protocol):
+    """What this module reads of the weights (replicated.ReplicatedWeights): their own Hugging Face files."""
+
+    def save(self, directory: Path) -> None: ...
+    def load(self, directory: Path) -> None: ...
+
+
+def save_policy(weights: SavedPolicy, tokenizer: PreTrainedTokenizerBase, directory: Path) -> None:
     """The policy with its float32 masters (or merged LoRA and adapter), and the tokenizer, in Hugging Face format."""
     weights.save(directory)
     tokenizer.save_pretrained(directory)
 
 
-def write_policy(weights: PolicyWeights, tokenizer: PreTrainedTokenizerBase, target: Path) -> Path:
+def write_policy(weights: SavedPolicy, tokenizer: PreTrainedTokenizerBase, target: Path) -> Path:
     """`save_policy` to `target`, replacing a folder there atomically: the policy is written into
     a hidden sibling first, so a save that fails leaves the old folder as it was (and no sibling)."""
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -52,7 +58,7 @@ def write_policy(weights: PolicyWeights, tokenizer: PreTrainedTokenizerBase, tar
     return target
 
 
-def save_state(directory: Path, weights: PolicyWeights, tokenizer: PreTrainedTokenizerBase,
+def save_state(directory: Path, weights: SavedPolicy, tokenizer: PreTrainedTokenizerBase,
                optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler,
                reference: torch.nn.Module | None, generator: torch.Generator, counters: dict[str, Any]) -> None:
     """`reference`: the reference model when it is no longer model.path's (refreshed), else None."""
@@ -81,7 +87,7 @@ def save_tensors(state: Any, path: Path) -> None:
             raise
 
 
-def load_state(directory: Path, weights: PolicyWeights, optimizer: torch.optim.Optimizer,
+def load_state(directory: Path, weights: SavedPolicy, optimizer: torch.optim.Optimizer,
                scheduler: torch.optim.lr_scheduler.LRScheduler, reference: torch.nn.Module | None,
                generator: torch.Generator) -> dict[str, Any]:
     """Restore what `save_state` wrote into a learner built from the same config; returns the counters.
