@@ -86,8 +86,8 @@ def greedy_accuracy(model: Any, tokenizer: Any, rows: list[dict], max_new_tokens
     correct = 0.0
     for start in range(0, len(rows), EVAL_BATCH):
         batch = rows[start : start + EVAL_BATCH]
-        inputs = tokenizer([row["prompt"] for row in batch], return_tensors="pt", padding=True,
-                           add_special_tokens=False)
+        # tokenized as GRPOTrainer tokenizes a text prompt (the driver checked: grpo_dist's ids)
+        inputs = tokenizer([row["prompt"] for row in batch], return_tensors="pt", padding=True)
         with torch.no_grad():
             output = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False,
                                     pad_token_id=tokenizer.pad_token_id)

@@ -58,6 +58,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--modes", default="trl,sync,fast,async", help="which runs, in which order")
     parser.add_argument("--fast", default=None, help="the fast mode's overrides, comma-separated (replaces MODES')")
     parser.add_argument("--repeats", type=int, default=1, help="each repeat runs the modes in the other order")
+    parser.add_argument("--set", nargs="*", default=[], metavar="section.field=value",
+                        help="more overrides for both sides, e.g. data.eval_rows=10 for a quick try")
     parser.add_argument("--model", default=None, help="the real job's model folder (default: scripts/real_model.py's)")
     parser.add_argument("--trl-dir", type=Path, default=Path.home() / ".cache" / "grpo_dist" / f"trl-{TRL_VERSION}",
                         help="where TRL is installed when the environment lacks it")
@@ -68,7 +70,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def job_overrides(args: argparse.Namespace) -> tuple[str | None, list[str]]:
     """The job's recipe and overrides: its steps, evaluations before and after only, its model."""
     job = JOBS[args.job]
-    overrides = [*job["overrides"], f"trainer.steps={args.steps or job['steps']}", "trainer.eval_every=0"]
+    overrides = [*job["overrides"], f"trainer.steps={args.steps or job['steps']}", "trainer.eval_every=0", *args.set]
     if args.job == "real":
         model = args.model or subprocess.run([sys.executable, "scripts/real_model.py"], cwd=ROOT, check=True,
                                              capture_output=True, text=True).stdout.strip().splitlines()[-1]
