@@ -95,12 +95,13 @@ class Learner:
         learn_started, started = time.time(), time.perf_counter()
         reset_peak(self.device)
         groups = [group for chunk in chunks for group in chunk][:max_groups]
-        batch = self._batch(groups)
+        stats = StepStats()
+        batch = self._batch(groups, stats)
         # pi_old, the weights that sampled. With one optimizer step per batch it is the grad
         # pass itself, detached (filled in by _update); otherwise it is computed once, first.
         single_step = self._single_step(len(batch))
-        self._old_logprobs(batch, computed=not single_step)
-        return self._train(batch, groups, StepStats(), single_step, learn_started, started)
+        self._old_logprobs(batch, not single_step, stats)
+        return self._train(batch, groups, stats, single_step, learn_started, started)
 
     def learn_chunk(self, groups: list[Group], key: str) -> None:
         """Overlap inside a sync step (controller/overlap.py): what can be done on one scored chunk
@@ -112,10 +113,12 @@ class Learner:
             reset_peak(self.device)
             self.weights.zero_grad()
             self.chunked = ChunkedStep(accumulated=self.algo.mu == 1 and self.algo.minibatch_size is None)
-        batch = self._batch(groups)
-        self._old_logprobs(batch, computed=not self.chunked.accumulated)
+        stats = self.chunked.stats
+        batch = self._batch(groups, stats)
+        self._old_logprobs(batch, not self.chunked.accumulated, stats)
         if self.chunked.accumulated:
-            self._accumulate(batch, torch.arange(len(batch)), self.chunked.stats, fill_old=True, denominator=1.0)
+            with stats.timed("grad_pass"):
+                self._accumulate(batch, torch.arange(len(batch)), stats, fill_old=True, denominator=1.0)
         self.chunked.add(key, batch, groups, time.perf_counter() - began)
 
     def finish_step(self, *chunks: list[Group], keys: list[str]) -> dict[str, float]:
@@ -143,7 +146,8 @@ class Learner:
         divide_grads(self.weights.params, denominator)
         chunked.stats.divide_losses(denominator)
         lr = self.optimizer.param_groups[0]["lr"]
-        self._step(chunked.stats)
+        with chunked.stats.timed("optimizer"):
+            self._step(chunked.stats)
         metrics = self._end_step(batch, chunked.groups, chunked.stats, single_step, lr, chunked.learn_started,
                                  began, chunked.busy_s)
         return {**metrics, "policy/overlap_fallback": float(fallback)}
@@ -152,12 +156,13 @@ class Learner:
         """Whether a batch of `rows` takes one optimizer step (mu 1, one minibatch)."""
         return self.algo.mu == 1 and (self.algo.minibatch_size or rows) >= rows
 
-    def _batch(self, groups: list[Group]) -> TrainBatch:
+    def _batch(self, groups: list[Group], stats: StepStats) -> TrainBatch:
         """The groups as tensors, with their advantages and pi_ref."""
         batch = TrainBatch.from_groups(groups, self.tokenizer.pad_token_id, self._advantages(groups),
                                        self.algo.mask_truncated)
         if self.reference is not None:
-            batch.ref_logprobs = self._shared_logprobs(self.reference, batch)
+            with stats.timed("reference_pass"):
+                batch.ref_logprobs = self._shared_logprobs(self.reference, batch)
         return batch
 
     def _advantages(self, groups: list[Group]) -> torch.Tensor:
@@ -165,9 +170,13 @@ class Learner:
         rewards = torch.tensor([reward for group in groups for reward in group.rewards], dtype=torch.float32)
         return grpo.group_advantages(rewards, self.rollout.group_size, scale=self.algo.advantage_scale)
 
-    def _old_logprobs(self, batch: TrainBatch, computed: bool) -> None:
+    def _old_logprobs(self, batch: TrainBatch, computed: bool, stats: StepStats) -> None:
         """pi_old: `computed` first, or zeros for the grad pass to fill in (`fill_old`)."""
-        batch.old_logprobs = self._shared_logprobs(self.policy, batch) if computed else torch.zeros_like(batch.mask)
+        if not computed:
+            batch.old_logprobs = torch.zeros_like(batch.mask)
+            return
+        with stats.timed("old_pass"):
+            batch.old_logprobs = self._shared_logprobs(self.policy, batch)
 
     def _train(self, batch: TrainBatch, groups: list[Group], stats: StepStats, single_step: bool,
                learn_started: float, started: float, busy_s: float = 0.0) -> dict[str, float]:
@@ -211,8 +220,10 @@ class Learner:
         # Every micro-batch's loss (on every rank) is divided by D of all `rows`: the sum is the loss of `rows`.
         denominator = grpo.loss_denominator(batch.mask[rows], self.algo.aggregation, self.rollout.max_new_tokens)
         self.weights.zero_grad()
-        self._accumulate(batch, rows, stats, fill_old, denominator)
-        self._step(stats)
+        with stats.timed("grad_pass"):
+            self._accumulate(batch, rows, stats, fill_old, denominator)
+        with stats.timed("optimizer"):
+            self._step(stats)
 
     def _accumulate(self, batch: TrainBatch, rows: torch.Tensor, stats: StepStats, fill_old: bool,
                     denominator: float) -> None:
