@@ -42,7 +42,6 @@ from grpo_dist.models import load_tokenizer
 from grpo_dist.rollout.worker import RolloutWorker
 from grpo_dist.seeding import prompt_seed
 from grpo_dist.types import SamplingSettings
-from grpo_dist.weights.checksum import state_checksum
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "configs" / "smollm2_word_problems.yaml"
@@ -222,15 +221,15 @@ def timed_step(learner, groups: list, shapes_flops: tuple) -> dict[str, float]:
             "rows_per_matmul": padded // forwards}
 
 
-def measure_load(learner, workers: dict) -> dict[str, float]:
+def measure_load(exported: dict, checksum: str, workers: dict) -> dict[str, float]:
     """Seconds of each worker's load_weights (Ray's transfer of the exported weights and its checksum)."""
-    weights = ray.put(learner.export_weights())
+    weights = ray.put(exported)
     seconds = {}
     for engine, worker in workers.items():
         clock = time.perf_counter()
         served = ray.get(worker.load_weights.remote(weights, 1))
         seconds[engine] = time.perf_counter() - clock
-        assert served == state_checksum(learner.weights.served_state_dict()), f"{engine} serves other weights"
+        assert served == checksum, f"{engine} serves other weights"
     return seconds
 
 
@@ -260,7 +259,8 @@ def limits_and_learner(config: Config, overrides: list[str], groups: list, varia
                 step[f"peak {dtype}"] = peak  # measured right after the step: the ratio sees the same load
     first = learners[variants[0]]
     steps[variants[0]][0].update(export_s=median_time(first.export_weights, repeats=2),
-                                 checksum_s=median_time(first.checksum, repeats=2), learner=first)
+                                 checksum_s=median_time(first.checksum, repeats=2),
+                                 exported=first.export_weights(), served_checksum=first.checksum())
     return steps, peaks
 
 
@@ -329,22 +329,23 @@ def main() -> None:
     print(f"load {load()}: learner and matmul peaks, {torch.get_num_threads()} threads", flush=True)
     steps, peaks = limits_and_learner(config, overrides, scored(groups), variants, args.repeats)
     bandwidth.append(copy_bandwidth())
+    print_limits_and_learner(steps, peaks, bandwidth, variants)  # printed now: the learners are gone
+    sys.stdout.flush()
     print(f"load {load()}: generation", flush=True)
     rates = measure_generation(config, workers, prompts, seeds, args.repeats, eos)
     bandwidth.append(copy_bandwidth())
-    learner = steps[variants[0]][0]["learner"]
-    loads = measure_load(learner, workers)
+    first = steps[variants[0]][0]
+    loads = measure_load(first.pop("exported"), first["served_checksum"], workers)
     print(f"load {load()}: done\n")
-    print_limits_and_learner(steps, peaks, bandwidth, variants)
-    served = learner.weights.served_state_dict()
-    parameters = sum(count * k * n for count, k, n in linear_shapes(learner.policy.config))
-    weight_bytes = parameters * next(iter(served.values())).element_size()
+    from transformers import AutoConfig
+
+    parameters = sum(count * k * n for count, k, n in linear_shapes(AutoConfig.from_pretrained(model)))
+    weight_bytes = parameters * torch.empty(0, dtype=getattr(torch, config.model.dtype)).element_size()
     print_generation(rates, groups, statistics.median(bandwidth), weight_bytes, parameters,
                      statistics.median(peaks[f"{variants[0]} {torch.float32}"]))
-    first = steps[variants[0]]
     print("\n" + row("weight hand-off", "s") + "\n|---|---:|")
-    print(row("learner export_weights", f"{first[0]['export_s']:.3f}"))
-    print(row("learner checksum", f"{first[0]['checksum_s']:.3f}"))
+    print(row("learner export_weights", f"{first['export_s']:.3f}"))
+    print(row("learner checksum", f"{first['checksum_s']:.3f}"))
     for engine, seconds in loads.items():
         print(row(f"{engine} load_weights (Ray transfer, load, served checksum)", f"{seconds:.3f}"))
     ray.shutdown()
