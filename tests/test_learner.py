@@ -42,6 +42,11 @@ def test_old_logprobs_are_the_sampling_policy_in_both_paths(groups, overrides, p
     assert 0 < metrics["policy/entropy"] < math.log(17)  # nats; the vocabulary has 17 tokens
     assert metrics["policy/lr"] == 1e-3 and metrics["policy/step_skipped"] == 0.0
     assert metrics["system/learn_tokens_per_s"] > 0 and metrics["system/learner_peak_memory_mb"] > 0
+    # where learn_s went: pi_old is a pass of its own only when the batch takes several steps
+    stages = {stage: metrics[f"time/learner_{stage}_s"] for stage in ("old_pass", "grad_pass", "optimizer")}
+    assert metrics["time/learner_reference_pass_s"] == 0.0  # beta 0: no reference
+    assert (stages["old_pass"] > 0) == (passes > 1) and stages["grad_pass"] > 0 and stages["optimizer"] > 0
+    assert sum(stages.values()) <= metrics["time/learn_s"]
 
 
 def test_several_chunks_are_one_batch(groups):

@@ -6,6 +6,9 @@ Names follow the project's metric table: `loss/...`, `policy/...`, `rollout/...`
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -36,6 +39,20 @@ class StepStats:
         # [tokens, *token_sums, -ratio_min, ratio_max] of the whole train_step
         self.step_sums: torch.Tensor | None = None
         self.token_parts: torch.Tensor | None = None
+        self.stage_s = dict.fromkeys(self.STAGES, 0.0)  # seconds in each of the learner's stages
+
+    # where a step's learning time goes (time/learner_<stage>_s): the no-grad pi_ref and pi_old
+    # passes, the forward and backward of the loss, the gradient clip and AdamW step
+    STAGES = ("reference_pass", "old_pass", "grad_pass", "optimizer")
+
+    @contextmanager
+    def timed(self, stage: str) -> Iterator[None]:
+        """Add the seconds of the `with` block to `stage` (one of STAGES)."""
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.stage_s[stage] += time.perf_counter() - began
 
     def add_micro_batch(self, loss: torch.Tensor, stats: dict[str, torch.Tensor], entropy: torch.Tensor,
                         mask: torch.Tensor) -> None:
@@ -95,6 +112,7 @@ class StepStats:
             "policy/grad_norm": sum(update[2] for update in self.updates) / count,
             "policy/skipped_steps": float(skipped),
             "policy/step_skipped": float(skipped > 0),
+            **{f"time/learner_{stage}_s": seconds for stage, seconds in self.stage_s.items()},
         }
 
 

@@ -78,12 +78,13 @@ class PolicyUpdate:
         """Whether a batch of `rows` takes one optimizer step (mu 1, one minibatch)."""
         return self.algo.mu == 1 and (self.algo.minibatch_size or rows) >= rows
 
-    def _batch(self, groups: list[Group]) -> TrainBatch:
+    def _batch(self, groups: list[Group], stats: StepStats) -> TrainBatch:
         """The groups as tensors, with their advantages and pi_ref."""
         batch = TrainBatch.from_groups(groups, self.tokenizer.pad_token_id, self._advantages(groups),
                                        self.algo.mask_truncated)
         if self.reference is not None:
-            batch.ref_logprobs = self._shared_logprobs(self.reference, batch)
+            with stats.timed("reference_pass"):
+                batch.ref_logprobs = self._shared_logprobs(self.reference, batch)
         return batch
 
     def _advantages(self, groups: list[Group]) -> torch.Tensor:
@@ -91,9 +92,13 @@ class PolicyUpdate:
         rewards = torch.tensor([reward for group in groups for reward in group.rewards], dtype=torch.float32)
         return grpo.group_advantages(rewards, self.rollout.group_size, scale=self.algo.advantage_scale)
 
-    def _old_logprobs(self, batch: TrainBatch, computed: bool) -> None:
+    def _old_logprobs(self, batch: TrainBatch, computed: bool, stats: StepStats) -> None:
         """pi_old: `computed` first, or zeros for the grad pass to fill in (`fill_old`)."""
-        batch.old_logprobs = self._shared_logprobs(self.policy, batch) if computed else torch.zeros_like(batch.mask)
+        if not computed:
+            batch.old_logprobs = torch.zeros_like(batch.mask)
+            return
+        with stats.timed("old_pass"):
+            batch.old_logprobs = self._shared_logprobs(self.policy, batch)
 
     def _train(self, batch: TrainBatch, groups: list[Group], stats: StepStats, single_step: bool,
                learn_started: float, started: float, busy_s: float = 0.0) -> dict[str, float]:
@@ -137,8 +142,10 @@ class PolicyUpdate:
         # Every micro-batch's loss (on every rank) is divided by D of all `rows`: the sum is the loss of `rows`.
         denominator = grpo.loss_denominator(batch.mask[rows], self.algo.aggregation, self.rollout.max_new_tokens)
         self.weights.zero_grad()
-        self._accumulate(batch, rows, stats, fill_old, denominator)
-        self._step(stats)
+        with stats.timed("grad_pass"):
+            self._accumulate(batch, rows, stats, fill_old, denominator)
+        with stats.timed("optimizer"):
+            self._step(stats)
 
     def _accumulate(self, batch: TrainBatch, rows: torch.Tensor, stats: StepStats, fill_old: bool,
                     denominator: float) -> None:

@@ -66,13 +66,15 @@ class Learner(PolicyUpdate):
         began = time.perf_counter()
         if self.chunked is None:
             self.chunked = self._begin_step(accumulated=self.algo.mu == 1 and self.algo.minibatch_size is None)
-        batch = self._batch(groups)
+        stats = self.chunked.stats
+        batch = self._batch(groups, stats)
         # pi_old is the weights that sampled. Where the gradient pass is the batch's first, it fills
         # pi_old in (its logprobs, detached); otherwise it is computed first.
         fill_old = self.chunked.accumulated or (self.chunked.whole and self._single_step(len(batch)))
-        self._old_logprobs(batch, computed=not fill_old)
+        self._old_logprobs(batch, not fill_old, stats)
         if self.chunked.accumulated:
-            self._accumulate(batch, torch.arange(len(batch)), self.chunked.stats, fill_old=True, denominator=1.0)
+            with stats.timed("grad_pass"):
+                self._accumulate(batch, torch.arange(len(batch)), stats, fill_old=True, denominator=1.0)
         self.chunked.add(key, batch, groups, time.perf_counter() - began)
 
     def finish_step(self, *chunks: list[Group], keys: list[str]) -> dict[str, float]:
@@ -108,7 +110,8 @@ class Learner(PolicyUpdate):
         divide_grads(self.weights.params, denominator)
         chunked.stats.divide_losses(denominator)
         lr = self.optimizer.param_groups[0]["lr"]
-        self._step(chunked.stats)
+        with chunked.stats.timed("optimizer"):
+            self._step(chunked.stats)
         return self._end_step(batch, chunked.groups, chunked.stats, single_step, lr, chunked.learn_started,
                               began, chunked.busy_s)
 
