@@ -51,10 +51,12 @@ class Board:
             episode.pending = Pending(request, answer)
             self.changed.notify_all()
 
-    def host_event(self, event: dict[str, Any]) -> None:
-        """The host started an agent, or reported what it returned or how it failed."""
+    def host_event(self, event: dict[str, Any], episodes: dict[str, AgentEpisode]) -> None:
+        """The host started an agent, or reported what it returned or how it failed. `episodes`: the
+        host's own call's, by id (a late line of an earlier call's host must not reach this call's
+        episodes, whose ids repeat when the seeds do)."""
         with self.changed:
-            episode = self.episodes.get(str(event.get("id")))
+            episode = episodes.get(str(event.get("id")))
             if episode is None:
                 return
             if event.get("event") == "started":
@@ -63,11 +65,11 @@ class Board:
                 record_result(episode, event)
             self.changed.notify_all()
 
-    def host_exited(self) -> None:
-        """The host's events ended (it exited or was killed): its unfinished episodes fail now,
-        not at the call's deadline."""
+    def host_exited(self, episodes: dict[str, AgentEpisode]) -> None:
+        """The host's events ended (it exited or was killed): its call's unfinished `episodes` fail
+        now, not at the call's deadline (an earlier call's host, read late, ends nothing of this one)."""
         with self.changed:
-            for episode in self.episodes.values():
+            for episode in episodes.values():
                 if not episode.returned and episode.ended is None:
                     self.end(episode, "its agent host exited", "the agent host exited before the agent returned "
                              "(its error, if any, is in the rollout worker's log)")

@@ -84,16 +84,19 @@ class AgentRunner:
         assert host.stdin is not None and host.stdout is not None
         host.stdin.write(json.dumps(job, default=repr) + "\n")
         host.stdin.flush()  # stdin stays open: its end tells the host that this worker died
-        threading.Thread(target=self._read_events, args=(host.stdout,), daemon=True, name="agent-host").start()
+        call_episodes = {e.episode_id: e for e in episodes}
+        threading.Thread(target=self._read_events, args=(host.stdout, call_episodes), daemon=True,
+                         name="agent-host").start()
         return host
 
-    def _read_events(self, stdout: Any) -> None:
+    def _read_events(self, stdout: Any, episodes: dict[str, AgentEpisode]) -> None:
+        """The host's events, for its own call's `episodes` only (the thread can outlive the call)."""
         for line in stdout:
             try:
-                self.board.host_event(json.loads(line))
+                self.board.host_event(json.loads(line), episodes)
             except ValueError:
                 continue
-        self.board.host_exited()
+        self.board.host_exited(episodes)
 
     def _play(self, episodes: list[AgentEpisode], deadline: float) -> None:
         """Serve rounds until every episode has ended or the call's deadline passes."""
