@@ -51,12 +51,11 @@ class Board:
             episode.pending = Pending(request, answer)
             self.changed.notify_all()
 
-    def host_event(self, event: dict[str, Any], episodes: dict[str, AgentEpisode]) -> None:
-        """The host started an agent, or reported what it returned or how it failed. `episodes`: the
-        host's own call's, by id (a late line of an earlier call's host must not reach this call's
-        episodes, whose ids repeat when the seeds do)."""
+    def host_event(self, event: dict[str, Any], call: dict[str, AgentEpisode]) -> None:
+        """The host of `call` (its episodes by id) started an agent, or reported what it returned or
+        how it failed."""
         with self.changed:
-            episode = episodes.get(str(event.get("id")))
+            episode = call.get(str(event.get("id")))
             if episode is None:
                 return
             if event.get("event") == "started":
@@ -65,11 +64,11 @@ class Board:
                 record_result(episode, event)
             self.changed.notify_all()
 
-    def host_exited(self, episodes: dict[str, AgentEpisode]) -> None:
-        """The host's events ended (it exited or was killed): its call's unfinished `episodes` fail
-        now, not at the call's deadline (an earlier call's host, read late, ends nothing of this one)."""
+    def host_exited(self, call: dict[str, AgentEpisode]) -> None:
+        """The events of `call`'s host ended (it exited or was killed): its unfinished episodes fail
+        now, not at the call's deadline."""
         with self.changed:
-            for episode in episodes.values():
+            for episode in call.values():
                 if not episode.returned and episode.ended is None:
                     self.end(episode, "its agent host exited", "the agent host exited before the agent returned "
                              "(its error, if any, is in the rollout worker's log)")

@@ -65,17 +65,19 @@ class AgentRunner:
                     for i, row_seed in enumerate(seeds) for j in range(sampling.n)
                     for seed in [completion_seed(row_seed, j)]]
         self.board.open(episodes, replace(sampling, n=1), self.agent.concurrency)
-        host = self._start_host(rows, episodes)
+        host, reader = self._start_host(rows, episodes)
         try:
             self._play(episodes, time.monotonic() + call_deadline_s(self.agent, len(episodes)))
         finally:
             os.killpg(host.pid, signal.SIGKILL)
             host.wait()
+            reader.join(timeout=10)  # its events are of this call's episodes only, whenever they come
             self.board.close()
             self.spare = self._spawn_host()
         return [episodes[i : i + sampling.n] for i in range(0, len(episodes), sampling.n)]
 
-    def _start_host(self, rows: list[dict[str, Any]], episodes: list[AgentEpisode]) -> subprocess.Popen:
+    def _start_host(self, rows: list[dict[str, Any]],
+                    episodes: list[AgentEpisode]) -> tuple[subprocess.Popen, threading.Thread]:
         job = {"agent": self.agent.name, "api_key": self.server.api_key, "concurrency": self.agent.concurrency,
                "timeout_s": self.agent.timeout_s,
                "episodes": [{"id": e.episode_id, "base_url": self.server.base_url(e.episode_id),
@@ -84,10 +86,10 @@ class AgentRunner:
         assert host.stdin is not None and host.stdout is not None
         host.stdin.write(json.dumps(job, default=repr) + "\n")
         host.stdin.flush()  # stdin stays open: its end tells the host that this worker died
-        call_episodes = {e.episode_id: e for e in episodes}
-        threading.Thread(target=self._read_events, args=(host.stdout, call_episodes), daemon=True,
-                         name="agent-host").start()
-        return host
+        call = {episode.episode_id: episode for episode in episodes}
+        reader = threading.Thread(target=self._read_events, args=(host.stdout, call), daemon=True, name="agent-host")
+        reader.start()
+        return host, reader
 
     def _spawn_host(self) -> subprocess.Popen:
         """An agent host that imports openai and the agent's module, then waits for its job on stdin."""
@@ -95,14 +97,13 @@ class AgentRunner:
         return subprocess.Popen([sys.executable, "-m", "grpo_dist.agent.host", self.agent.name], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, text=True, start_new_session=True, env=environment)
 
-    def _read_events(self, stdout: Any, episodes: dict[str, AgentEpisode]) -> None:
-        """The host's events, for its own call's `episodes` only (the thread can outlive the call)."""
+    def _read_events(self, stdout: Any, call: dict[str, AgentEpisode]) -> None:
         for line in stdout:
             try:
-                self.board.host_event(json.loads(line), episodes)
+                self.board.host_event(json.loads(line), call)
             except ValueError:
                 continue
-        self.board.host_exited(episodes)
+        self.board.host_exited(call)
 
     def _play(self, episodes: list[AgentEpisode], deadline: float) -> None:
         """Serve rounds until every episode has ended or the call's deadline passes."""
