@@ -11,7 +11,9 @@ all of them. The modes alternate their order from repeat to repeat; the table gi
 agent call's added latency: the agent's wall time for `chat.completions.create` minus the engine
 call that served it (its round), so it holds the HTTP round trip, rendering and the wait for the
 round to fill. "Outside the engine": a run's seconds not spent in `generate`. "Host start": the agent path's time before its first engine call (the agent host
-process's start, python and openai imported, and the first requests).
+process's start, python and openai imported, and the first requests). The runner starts the next
+call's host when a call ends; `--settle-s` of untimed pause before each mode lets it import then, so
+neither mode is charged for it (in training it overlaps the learner's update, on the same cores).
 """
 
 from __future__ import annotations
@@ -84,6 +86,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--settle-s", type=float, default=5.0, help="untimed pause before each mode: the "
+                        "spare agent host started after an agent call imports meanwhile, not during the next mode")
     return parser.parse_args()
 
 
@@ -125,6 +129,7 @@ def main() -> None:
     latency_ms, host_start_s = [], []
     for repeat in range(args.repeats):
         for name in (list(modes) if repeat % 2 == 0 else list(modes)[::-1]):
+            time.sleep(args.settle_s)
             engine.calls, started = [], time.perf_counter()
             episodes = [group[0] for group in modes[name].run(rows, sampling, seeds)]
             seconds[name].append(time.perf_counter() - started)
