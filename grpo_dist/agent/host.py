@@ -1,6 +1,8 @@
 """The agent host: a child process of the rollout worker where agents run, so they can be stopped.
 
-    python -m grpo_dist.agent.host   (job as one JSON line on stdin; events as JSON lines on stdout)
+    python -m grpo_dist.agent.host [AGENT]   (job as one JSON line on stdin; events as JSON lines on stdout)
+
+The worker starts the host before its call (AGENT, the agent's name, is imported then, with openai).
 
 Job: {"agent": "package.module:function", "api_key", "concurrency", "timeout_s",
 "episodes": [{"id", "base_url", "task"}, ...]}. Episodes start in order, `concurrency` at
@@ -78,7 +80,14 @@ def _exit_when_stdin_ends() -> None:
 
 
 def main() -> None:
-    job = json.loads(sys.stdin.readline())
+    import openai  # noqa: F401 - imported (with the agent's module) before the job comes: a spare host is ready
+
+    if len(sys.argv) > 1:
+        load_agent(sys.argv[1])
+    line = sys.stdin.readline()
+    if not line:  # the worker ended before giving this spare host a job
+        return
+    job = json.loads(line)
     events = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # the agent's prints go to stderr
     threading.Thread(target=_exit_when_stdin_ends, daemon=True).start()

@@ -47,6 +47,7 @@ class AgentRunner:
         self.renderers: dict[str, ChatRenderer] = {}
         self.board = Board()
         self.server = AgentServer(self.board, agent.host, agent.max_request_bytes, model)
+        self.spare = self._spawn_host()  # started ahead of its call: its 2-3 s of imports overlap other work
 
     def renderer(self, tools: list[dict] | None) -> ChatRenderer:
         """The chat renderer for a tool list (one per distinct list)."""
@@ -72,6 +73,7 @@ class AgentRunner:
             host.wait()
             reader.join(timeout=10)  # its events are of this call's episodes only, whenever they come
             self.board.close()
+            self.spare = self._spawn_host()
         return [episodes[i : i + sampling.n] for i in range(0, len(episodes), sampling.n)]
 
     def _start_host(self, rows: list[dict[str, Any]],
@@ -80,9 +82,7 @@ class AgentRunner:
                "timeout_s": self.agent.timeout_s,
                "episodes": [{"id": e.episode_id, "base_url": self.server.base_url(e.episode_id),
                              "task": rows[e.row_index]} for e in episodes]}
-        environment = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        host = subprocess.Popen([sys.executable, "-m", "grpo_dist.agent.host"], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, text=True, start_new_session=True, env=environment)
+        host = self.spare if self.spare.poll() is None else self._spawn_host()
         assert host.stdin is not None and host.stdout is not None
         host.stdin.write(json.dumps(job, default=repr) + "\n")
         host.stdin.flush()  # stdin stays open: its end tells the host that this worker died
@@ -90,6 +90,12 @@ class AgentRunner:
         reader = threading.Thread(target=self._read_events, args=(host.stdout, call), daemon=True, name="agent-host")
         reader.start()
         return host, reader
+
+    def _spawn_host(self) -> subprocess.Popen:
+        """An agent host that imports openai and the agent's module, then waits for its job on stdin."""
+        environment = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        return subprocess.Popen([sys.executable, "-m", "grpo_dist.agent.host", self.agent.name], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True, start_new_session=True, env=environment)
 
     def _read_events(self, stdout: Any, call: dict[str, AgentEpisode]) -> None:
         for line in stdout:
