@@ -20,8 +20,8 @@ from pathlib import Path
 
 import ray
 
-from grpo_dist.config import load_config
-from grpo_dist.evaluation import standard_error
+from grpo_dist.config.schema import load_config
+from grpo_dist.observe.evaluation import standard_error
 from grpo_dist.controller.run import TrainingRun
 
 ROOT = Path(__file__).resolve().parent.parent

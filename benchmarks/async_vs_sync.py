@@ -38,7 +38,7 @@ from pathlib import Path
 
 import ray
 
-from grpo_dist.config import load_config, vllm_installed
+from grpo_dist.config.schema import load_config, vllm_installed
 from grpo_dist.controller.run import TrainingRun
 
 SETTINGS = {

@@ -25,9 +25,9 @@ ROOT = Path(__file__).resolve().parent.parent
 MEASURE = """
 import json, resource, sys, time
 import psutil
-from grpo_dist.config import load_config
-from grpo_dist.data import prepare_data
-from grpo_dist.models import load_tokenizer
+from grpo_dist.config.schema import load_config
+from grpo_dist.tasks.data import prepare_data
+from grpo_dist.common.models import load_tokenizer
 config = load_config(None, [f"data.train={sys.argv[1]}", "data.eval=null"])
 tokenizer = load_tokenizer(config.model.path)
 peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

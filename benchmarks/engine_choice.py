@@ -18,11 +18,11 @@ import time
 
 import ray
 
-from grpo_dist.config import load_config
-from grpo_dist.data import prepare_data
+from grpo_dist.config.schema import load_config
+from grpo_dist.tasks.data import prepare_data
 from grpo_dist.rollout.worker import RolloutWorker
-from grpo_dist.seeding import prompt_seed
-from grpo_dist.types import SamplingSettings
+from grpo_dist.common.seeding import prompt_seed
+from grpo_dist.common.types import SamplingSettings
 
 ENGINES = ("transformers", "vllm")
 

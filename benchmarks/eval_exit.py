@@ -25,9 +25,9 @@ from startup import ROOT, one_run, print_medians, unpack  # noqa: E402
 
 PREPARE_DATA = """
 import json, statistics, time
-from grpo_dist.config import load_config
-from grpo_dist.data import prepare_data
-from grpo_dist.models import load_tokenizer
+from grpo_dist.config.schema import load_config
+from grpo_dist.tasks.data import prepare_data
+from grpo_dist.common.models import load_tokenizer
 config = load_config(None)
 tokenizer = load_tokenizer(config.model.path)
 prepare_data(config, tokenizer)

@@ -17,12 +17,12 @@ import time
 
 import torch
 
-from grpo_dist.config import load_config
-from grpo_dist.data import prepare_data
+from grpo_dist.config.schema import load_config
+from grpo_dist.tasks.data import prepare_data
 from grpo_dist.rollout.hf_engine import HFEngine
 from grpo_dist.rollout.sampling import sampling_settings
-from grpo_dist.seeding import prompt_seed
-from grpo_dist.types import SamplingSettings
+from grpo_dist.common.seeding import prompt_seed
+from grpo_dist.common.types import SamplingSettings
 
 
 @torch.no_grad()

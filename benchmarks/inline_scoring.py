@@ -17,12 +17,12 @@ import statistics
 import time
 from collections.abc import Callable
 
-from grpo_dist.config import load_config
+from grpo_dist.config.schema import load_config
 from grpo_dist.reward.bounded import call_in_order
 from grpo_dist.reward.pool import ScoringPool, call_outcome
 from grpo_dist.reward.registry import load_reward, reward_spec
 from grpo_dist.reward.worker import RewardWorker
-from grpo_dist.types import Completion, Group
+from grpo_dist.common.types import Completion, Group
 
 GROUPS, GROUP_SIZE = 32, 8
 

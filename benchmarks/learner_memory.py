@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from grpo_dist.memory import resident_mb
+from grpo_dist.observe.memory import resident_mb
 
 PROMPT_TOKENS = 64
 
@@ -63,7 +63,7 @@ def build_model(folder: Path) -> int:
     """A ~35M-parameter Llama with the built-in task's tokenizer (token ids are synthetic)."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from grpo_dist.config import resolve_path
+    from grpo_dist.config.schema import resolve_path
 
     config = LlamaConfig(vocab_size=32000, hidden_size=512, intermediate_size=1376, num_hidden_layers=6,
                          num_attention_heads=8, num_key_value_heads=8, head_dim=64, max_position_embeddings=2048,
@@ -77,7 +77,7 @@ def build_model(folder: Path) -> int:
 
 def synthetic_groups(sequences: int, completion_tokens: int, group_size: int) -> list:
     """Fixed random prompts and completions; rewards spread over [0, 1]."""
-    from grpo_dist.types import Completion, Group
+    from grpo_dist.common.types import Completion, Group
 
     generator = torch.Generator().manual_seed(0)
     groups = []
@@ -110,7 +110,7 @@ class PeakResident(threading.Thread):
 
 
 def make_learner(args: argparse.Namespace, group_size: int, micro_batch_size: str) -> object:
-    from grpo_dist.config import load_config
+    from grpo_dist.config.schema import load_config
     from grpo_dist.learner.worker import Learner
 
     config = load_config(None, [
@@ -158,7 +158,7 @@ def run_rank(args: argparse.Namespace) -> dict[str, float]:
 
 
 def run_sharded(args: argparse.Namespace, folder: Path) -> None:
-    from grpo_dist.net import free_port
+    from grpo_dist.common.net import free_port
 
     worlds = [int(k) for k in args.ranks.split(",")]
     settings = [("fsdp" if k > 1 else "none", k) for k in worlds] + [("none", max(worlds))]

@@ -34,14 +34,14 @@ from pathlib import Path
 import ray
 import torch
 
-from grpo_dist.config import Config, load_config
-from grpo_dist.data import prepare_data
+from grpo_dist.config.schema import Config, load_config
+from grpo_dist.tasks.data import prepare_data
 from grpo_dist.learner.batch import TrainBatch
 from grpo_dist.learner.logprobs import _distinct_prefixes, shares_enough
-from grpo_dist.models import load_tokenizer
+from grpo_dist.common.models import load_tokenizer
 from grpo_dist.rollout.worker import RolloutWorker
-from grpo_dist.seeding import prompt_seed
-from grpo_dist.types import SamplingSettings
+from grpo_dist.common.seeding import prompt_seed
+from grpo_dist.common.types import SamplingSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "configs" / "smollm2_word_problems.yaml"

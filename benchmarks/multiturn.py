@@ -29,9 +29,9 @@ from grpo_dist.env import Environment, Step
 from grpo_dist.env.config import EnvConfig
 from grpo_dist.env.runner import EpisodeRunner
 from grpo_dist.rollout.hf_engine import HFEngine
-from grpo_dist.seeding import prompt_seed
+from grpo_dist.common.seeding import prompt_seed
 from grpo_dist.tasks.tiny import IM_END, save_tiny_model
-from grpo_dist.types import SamplingSettings
+from grpo_dist.common.types import SamplingSettings
 
 
 class Echo(Environment):

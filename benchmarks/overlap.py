@@ -26,7 +26,7 @@ from pathlib import Path
 
 import ray
 
-from grpo_dist.config import load_config, vllm_installed
+from grpo_dist.config.schema import load_config, vllm_installed
 from grpo_dist.controller.run import TrainingRun
 
 SETTINGS = {"default": ["rollout.engine=transformers"],

@@ -12,10 +12,10 @@ from __future__ import annotations
 import argparse
 import time
 
-from grpo_dist.config import load_config
+from grpo_dist.config.schema import load_config
 from grpo_dist.reward.worker import RewardWorker
 from grpo_dist.tasks.code import load_problems
-from grpo_dist.types import Completion, Group
+from grpo_dist.common.types import Completion, Group
 
 
 def groups_of(problems: list[dict]) -> list[Group]:

@@ -20,11 +20,11 @@ import time
 import ray
 import torch
 
-from grpo_dist.config import RolloutConfig, load_config
-from grpo_dist.data import build_prompts, read_jsonl
-from grpo_dist.models import load_tokenizer
+from grpo_dist.config.schema import RolloutConfig, load_config
+from grpo_dist.tasks.data import build_prompts, read_jsonl
+from grpo_dist.common.models import load_tokenizer
 from grpo_dist.rollout.worker import RolloutWorker
-from grpo_dist.types import SamplingSettings
+from grpo_dist.common.types import SamplingSettings
 
 
 def parse_args() -> argparse.Namespace:
@@ -66,7 +66,7 @@ def main() -> None:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from grpo_dist.config import resolve_path
+    from grpo_dist.config.schema import resolve_path
 
     torch.set_num_threads(args.threads)
     llm = direct_llm(resolve_path(config.model.path), config.model.dtype, config.rollout)

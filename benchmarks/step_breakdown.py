@@ -27,7 +27,7 @@ from pathlib import Path
 
 import ray
 
-from grpo_dist.config import load_config
+from grpo_dist.config.schema import load_config
 from grpo_dist.controller.run import TrainingRun
 
 ROOT = Path(__file__).resolve().parents[1]

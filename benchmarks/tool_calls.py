@@ -25,7 +25,7 @@ from real_model import prepare  # noqa: E402
 
 from grpo_dist.agent.tool_calls import parse_reply  # noqa: E402
 from grpo_dist.env.render import ChatRenderer  # noqa: E402
-from grpo_dist.models import load_tokenizer  # noqa: E402
+from grpo_dist.common.models import load_tokenizer  # noqa: E402
 
 TOOLS = [{"type": "function", "function": {
     "name": "add", "description": "Add two integers.",

@@ -115,8 +115,8 @@ def trl_job(config: str | None, overrides: list[str]) -> dict[str, Any]:
     the settings. The prompt texts must tokenize (as TRL tokenizes them) to grpo_dist's own ids."""
     from transformers import AutoTokenizer
 
-    from grpo_dist.config import load_config, resolve_path
-    from grpo_dist.data import prepare_data
+    from grpo_dist.config.schema import load_config, resolve_path
+    from grpo_dist.tasks.data import prepare_data
 
     cfg = load_config(config, overrides)
     data = prepare_data(cfg)

@@ -92,7 +92,7 @@ def save_dataset(folder: Path, rows: int = 2000) -> None:
 def smoke_config(args: argparse.Namespace, folder: Path, gpus: int, output_dir: Path):
     """The run's config for this machine: a GPU each for learner and engine when there are
     two, half of one each when there is one, none on a CPU."""
-    from grpo_dist.config import load_config
+    from grpo_dist.config.schema import load_config
 
     share = 1.0 if gpus >= 2 else 0.5 if gpus == 1 else 0.0
     ranks = args.learner_ranks or (gpus - 1 if gpus >= 3 else 1)
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> dict | None:
 def run(args: argparse.Namespace, folder: Path) -> dict:
     import ray
 
-    from grpo_dist.config import resolve_weight_sync
+    from grpo_dist.config.schema import resolve_weight_sync
     from grpo_dist.controller.run import TrainingRun
 
     gpus = torch.cuda.device_count()

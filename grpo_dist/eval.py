@@ -21,13 +21,13 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from grpo_dist.cluster import choose_cluster, connect_ray, shutdown_ray
-from grpo_dist.config import Config, ConfigError, load_config
+from grpo_dist.controller.cluster import choose_cluster, connect_ray, shutdown_ray
+from grpo_dist.config.schema import Config, ConfigError, load_config
 from grpo_dist.controller.errors import FAILURES, StartError
-from grpo_dist.data import DataError, held_out_prompts
-from grpo_dist.atomic import write_json_atomic
-from grpo_dist.model_files import check_model_folder
-from grpo_dist.process_exit import end_process
+from grpo_dist.tasks.data import DataError, held_out_prompts
+from grpo_dist.common.atomic import write_json_atomic
+from grpo_dist.common.model_files import check_model_folder
+from grpo_dist.common.process_exit import end_process
 
 
 def resolve_checkpoint(path: str, config_files: list[str], overrides: list[str]) -> tuple[Path, Config]:
@@ -103,8 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     from grpo_dist.controller.actors import Actors
-    from grpo_dist.evaluation import evaluate
-    from grpo_dist.waits import fetch
+    from grpo_dist.observe.evaluation import evaluate
+    from grpo_dist.common.waits import fetch
 
     try:
         actors = Actors.start(config, learner=False)

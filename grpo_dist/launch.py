@@ -23,15 +23,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from grpo_dist.cluster import choose_cluster, connect_ray, ray_environment, shutdown_ray
-from grpo_dist.config import Config, ConfigError, compose_tree, dump_config, load_config
+from grpo_dist.controller.cluster import choose_cluster, connect_ray, ray_environment, shutdown_ray
+from grpo_dist.config.schema import Config, ConfigError, compose_tree, dump_config, load_config
 from grpo_dist.controller.checkpoints import (Checkpoint, CheckpointError, check_resume_config, find_checkpoint,
                                               resume_checkpoint, resume_hint)
 from grpo_dist.controller.errors import FAILURES, StartError
-from grpo_dist.data import DataError, prepare_data
-from grpo_dist.model_files import check_model_folder
-from grpo_dist.process_exit import end_process
-from grpo_dist.timeline import Timeline
+from grpo_dist.tasks.data import DataError, prepare_data
+from grpo_dist.common.model_files import check_model_folder
+from grpo_dist.common.process_exit import end_process
+from grpo_dist.observe.timeline import Timeline
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

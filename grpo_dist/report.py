@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from grpo_dist.plots import write_report
+from grpo_dist.observe.plots import write_report
 
 
 def main(argv: list[str] | None = None) -> int:

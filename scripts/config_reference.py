@@ -10,7 +10,7 @@ import typing
 
 from pydantic import BaseModel
 
-from grpo_dist.config import Config
+from grpo_dist.config.schema import Config
 
 
 def optional_section(annotation: object) -> type[BaseModel] | None:
@@ -45,7 +45,7 @@ def rows(model: type[BaseModel], prefix: str) -> list[str]:
 
 HEADER = """# Configuration reference
 
-Every field, its default and what it means, from the pydantic models (grpo_dist/config.py,
+Every field, its default and what it means, from the pydantic models (grpo_dist/config/schema.py,
 run_config.py, env/config.py). Generated: `python scripts/config_reference.py > docs/config.md`
 (tests/test_docs.py checks that this file is current). How recipes, `--config` files and
 `section.field=value` overrides compose: docs/running.md."""

@@ -129,7 +129,7 @@ def write_manifest(folder: Path) -> None:
 
 def prepare(dest: Path | None = None) -> Path:
     """The verified model folder at `dest` (default_dest()), built first if it is missing or broken."""
-    from grpo_dist.atomic import replace_folder
+    from grpo_dist.common.atomic import replace_folder
 
     dest = (dest or default_dest()).expanduser().resolve()
     if verified(dest):

@@ -10,7 +10,7 @@ from typing import Any
 
 import openai
 
-from grpo_dist.types import Completion, SamplingSettings
+from grpo_dist.common.types import Completion, SamplingSettings
 
 
 async def two_turns(task: dict[str, Any], client: Any) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import ray
 
-from grpo_dist.config import Config, load_config, vllm_installed
+from grpo_dist.config.schema import Config, load_config, vllm_installed
 
 TESTS = Path(__file__).resolve().parent
 SCRIPTS = TESTS.parent / "scripts"

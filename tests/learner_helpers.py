@@ -6,16 +6,16 @@ from contextlib import contextmanager
 import ray
 import torch
 
-from grpo_dist.config import load_config
-from grpo_dist.data import build_prompts
+from grpo_dist.config.schema import load_config
+from grpo_dist.tasks.data import build_prompts
 from grpo_dist.learner.group import start_learner
 from grpo_dist.learner.schedule import make_scheduler
 from grpo_dist.learner.worker import Learner
-from grpo_dist.models import load_tokenizer
+from grpo_dist.common.models import load_tokenizer
 from grpo_dist.reward.rules import exact_answer
 from grpo_dist.rollout.worker import RolloutWorker
-from grpo_dist.seeding import prompt_seed
-from grpo_dist.types import SamplingSettings
+from grpo_dist.common.seeding import prompt_seed
+from grpo_dist.common.types import SamplingSettings
 
 BASE = ["rollout.engine=transformers", "rollout.group_size=4", "rollout.threads=1", "learner.threads=1",
         "algo.lr=1e-3"]

@@ -3,7 +3,7 @@ can outlive the call) must not touch the next call's episodes, whose ids repeat 
 
 from grpo_dist.agent.board import Board
 from grpo_dist.agent.episode import AgentEpisode
-from grpo_dist.types import SamplingSettings
+from grpo_dist.common.types import SamplingSettings
 
 
 def test_an_earlier_calls_host_events_never_reach_the_next_calls_episodes():

@@ -14,12 +14,12 @@ from agent_helpers import Recording, mask_runs
 
 from grpo_dist.agent.config import AgentConfig
 from grpo_dist.agent.runner import AgentRunner, agent_sums
-from grpo_dist.config import ConfigError, load_config
+from grpo_dist.config.schema import ConfigError, load_config
 from grpo_dist.env.groups import episode_groups
 from grpo_dist.rollout.hf_engine import HFEngine
-from grpo_dist.seeding import prompt_seed
+from grpo_dist.common.seeding import prompt_seed
 from grpo_dist.tasks.tiny import IM_END, save_tiny_model
-from grpo_dist.types import Prompt, SamplingSettings
+from grpo_dist.common.types import Prompt, SamplingSettings
 
 SAMPLING = SamplingSettings(n=2, temperature=1.0, max_new_tokens=6)
 

@@ -5,9 +5,9 @@ the episode's ids, and the agent's tool and user messages carry loss mask 0."""
 from agent_helpers import Scripted, mask_runs
 from grpo_dist.agent.config import AgentConfig
 from grpo_dist.agent.runner import AgentRunner
-from grpo_dist.models import load_tokenizer
-from grpo_dist.seeding import prompt_seed
-from grpo_dist.types import SamplingSettings
+from grpo_dist.common.models import load_tokenizer
+from grpo_dist.common.seeding import prompt_seed
+from grpo_dist.common.types import SamplingSettings
 
 ROW = {"prompt": "What is 23+48?"}
 AFTER_TURN_1 = "\n<|im_start|>tool\n42<|im_end|>\n<|im_start|>user\nAgain?<|im_end|>\n<|im_start|>assistant\n"

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpo_dist.config import Config, ConfigError, effective_reward, load_config
+from grpo_dist.config.schema import Config, ConfigError, effective_reward, load_config
 from grpo_dist.reward.rules import length_penalty
 from grpo_dist.controller.run import TrainingRun
 from learner_helpers import make_config, make_learner, scored_groups

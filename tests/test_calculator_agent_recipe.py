@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
-from grpo_dist.config import load_config
-from grpo_dist.data import read_jsonl
+from grpo_dist.config.schema import load_config
+from grpo_dist.tasks.data import read_jsonl
 from grpo_dist.tasks.calculator_sums import make_splits, solve
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "smollm2_calculator_agent.yaml"

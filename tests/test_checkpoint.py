@@ -24,8 +24,8 @@ from grpo_dist.controller.checkpoints import (
     resume_checkpoint,
     save_checkpoint,
 )
-from grpo_dist.config import Config, load_config
-from grpo_dist.data import PromptCursor
+from grpo_dist.config.schema import Config, load_config
+from grpo_dist.tasks.data import PromptCursor
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -82,7 +82,7 @@ CRASHING_SAVE = textwrap.dedent("""
     import sys, time
     from pathlib import Path
     from grpo_dist.controller.checkpoints import TrainerState, save_checkpoint
-    from grpo_dist.config import Config
+    from grpo_dist.config.schema import Config
 
     def learner(folder: Path) -> None:
         (folder / "policy").mkdir()
@@ -121,16 +121,16 @@ def test_saving_a_step_again_replaces_it_whole_or_not_at_all(tmp_path, monkeypat
     def refuse(source, target):
         raise OSError("disk gone")
 
-    import grpo_dist.atomic
+    import grpo_dist.common.atomic
 
     with monkeypatch.context() as patched:
-        patched.setattr(grpo_dist.atomic.os, "rename", refuse)
-        patched.setattr(grpo_dist.atomic, "exchange", lambda new, target: False)  # the two renames' way
+        patched.setattr(grpo_dist.common.atomic.os, "rename", refuse)
+        patched.setattr(grpo_dist.common.atomic, "exchange", lambda new, target: False)  # the two renames' way
         with pytest.raises(SaveFailed, match="could not save the checkpoint of step 1 in .*: disk gone"):
             save_checkpoint(tmp_path, state(1), Config(), fake_learner, keep=1)
     assert is_complete(first) and (first / "policy" / "model.safetensors").read_bytes() == policy
     with monkeypatch.context() as patched:  # the swap's way (renameat2), failing
-        patched.setattr(grpo_dist.atomic, "exchange", lambda new, target: refuse(new, target))
+        patched.setattr(grpo_dist.common.atomic, "exchange", lambda new, target: refuse(new, target))
         with pytest.raises(SaveFailed, match="disk gone"):
             save_checkpoint(tmp_path, state(1), Config(), fake_learner, keep=1)
     assert is_complete(first) and (first / "policy" / "model.safetensors").read_bytes() == policy

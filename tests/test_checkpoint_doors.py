@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import grpo_dist.launch
-from grpo_dist.config import load_config
+from grpo_dist.config.schema import load_config
 from grpo_dist.controller.checkpoints import Checkpoint, TrainerState, save_checkpoint, step_dir
 from grpo_dist.launch import main, parse_args, plan_run
 

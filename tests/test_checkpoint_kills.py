@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_dist.config import Config
+from grpo_dist.config.schema import Config
 from grpo_dist.controller.checkpoints import (TrainerState, checkpoints, find_checkpoint, resume_checkpoint,
                                               save_checkpoint, step_dir)
 
@@ -26,7 +26,7 @@ CHILD = textwrap.dedent("""
     import os, shutil, signal, sys
     from pathlib import Path
     import grpo_dist.controller.checkpoints as checkpoints
-    from grpo_dist.config import Config
+    from grpo_dist.config.schema import Config
 
     run_dir, phase = Path(sys.argv[1]), sys.argv[2]
 
@@ -62,7 +62,7 @@ CHILD = textwrap.dedent("""
         shutil.rmtree = rmtree
 
     def on_moving_the_old_one():  # the target's old folder leaves its name: swapped out, or renamed aside
-        import grpo_dist.atomic as atomic
+        import grpo_dist.common.atomic as atomic
         rename, exchange = atomic.os.rename, atomic.exchange
         def renaming(source, target):
             rename(source, target)

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import ray
 
-from grpo_dist.config import load_config, resolve_path
-from grpo_dist.data import read_jsonl
+from grpo_dist.config.schema import load_config, resolve_path
+from grpo_dist.tasks.data import read_jsonl
 from grpo_dist.reward.worker import RewardWorker
 from grpo_dist.tasks.code import load_problems, make_splits
 from grpo_dist.tasks.tiny import save_tiny_model

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpo_dist.config import Config, ConfigError, dump_config, load_config
+from grpo_dist.config.schema import Config, ConfigError, dump_config, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -108,10 +108,10 @@ def test_engine_auto_is_vllm_on_gpus_where_installed_and_explicit_vllm_needs_it(
                                                                                 resolved):
     import torch
 
-    import grpo_dist.config
+    import grpo_dist.config.schema
     import grpo_dist.rollout.worker
 
-    monkeypatch.setattr(grpo_dist.config, "vllm_installed", lambda: installed)
+    monkeypatch.setattr(grpo_dist.config.schema, "vllm_installed", lambda: installed)
     monkeypatch.setattr(grpo_dist.rollout.worker, "vllm_installed", lambda: installed)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
     assert Config().rollout.engine == "auto"

@@ -22,10 +22,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from grpo_dist.config import Config
+from grpo_dist.config.schema import Config
 from grpo_dist.env.config import EnvConfig
 from grpo_dist.launch import main
-from grpo_dist.run_config import LoraConfig
+from grpo_dist.config.run import LoraConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 # optional sections are null by default; a dotted override creates them, with these to make them valid

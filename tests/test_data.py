@@ -15,9 +15,9 @@ import pytest
 from faults import session_processes
 
 from gsm8k_helpers import ROWS, write_gsm8k
-from grpo_dist.config import load_config
-from grpo_dist.data import DataError, PromptCursor, load_table, prepare_data, read_jsonl
-from grpo_dist.models import load_tokenizer
+from grpo_dist.config.schema import load_config
+from grpo_dist.tasks.data import DataError, PromptCursor, load_table, prepare_data, read_jsonl
+from grpo_dist.common.models import load_tokenizer
 from grpo_dist.tasks.tiny import save_tiny_model
 
 ROOT = Path(__file__).resolve().parent.parent

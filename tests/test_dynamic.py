@@ -16,12 +16,12 @@ from safetensors.torch import load_file
 
 from conftest import small_config
 from grpo_dist import grpo
-from grpo_dist.config import resolve_path
+from grpo_dist.config.schema import resolve_path
 from grpo_dist.controller.dynamic import round_size
 from grpo_dist.reward.chunk_stats import informative
 from grpo_dist.reward.worker import RewardWorker
 from grpo_dist.controller.run import TrainingRun
-from grpo_dist.types import Completion, Group
+from grpo_dist.common.types import Completion, Group
 from learner_helpers import make_config, make_learner, masters, scored_groups
 
 GROUP, PROMPTS = 4, 8  # small_config's group_size and prompts_per_step

@@ -16,7 +16,7 @@ from conftest import ENGINES
 from grpo_dist.rollout.hf_engine import HFEngine
 from grpo_dist.rollout.sampling import sampled_logprobs
 from grpo_dist.tasks.tiny import EOS_ID, IM_END, build_tokenizer, save_tiny_model
-from grpo_dist.types import SamplingSettings
+from grpo_dist.common.types import SamplingSettings
 
 TOKENIZER = build_tokenizer(chat=True)
 IM_END_ID = TOKENIZER.convert_tokens_to_ids(IM_END)

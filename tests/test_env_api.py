@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from env_helpers import AsyncCountdown, Countdown
-from grpo_dist.config import ConfigError, load_config
-from grpo_dist.data import DataError, prompt_token_limit
+from grpo_dist.config.schema import ConfigError, load_config
+from grpo_dist.tasks.data import DataError, prompt_token_limit
 from grpo_dist.env import EnvError, Step
 from grpo_dist.env.base import call, check_opening, check_step
 from grpo_dist.env.config import EnvConfig

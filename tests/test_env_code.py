@@ -1,7 +1,7 @@
 """env/code_feedback.py: public tests' failures come back as the next turn, the hidden tests score
 each attempt, discounted per extra attempt (the sandbox runs the model's code)."""
 
-from grpo_dist.data import read_jsonl
+from grpo_dist.tasks.data import read_jsonl
 from grpo_dist.env.base import check_step
 from grpo_dist.env.arithmetic_retry import ArithmeticRetry
 from grpo_dist.env.code_feedback import CodeFeedback

@@ -8,7 +8,7 @@ import torch
 
 from grpo_dist.learner.batch import TrainBatch
 from grpo_dist.learner.logprobs import token_logprobs
-from grpo_dist.types import Completion, Group
+from grpo_dist.common.types import Completion, Group
 from learner_helpers import make_learner
 
 

@@ -9,9 +9,9 @@ from grpo_dist.env.arithmetic_reveal import ArithmeticReveal, hide_addend
 from grpo_dist.env.base import check_step, solved_turn
 from grpo_dist.env.registry import load_environment
 from grpo_dist.env.runner import Episode, env_metrics, episode_sums
-from grpo_dist.evaluation import episode_success
+from grpo_dist.observe.evaluation import episode_success
 from grpo_dist.reward.chunk_stats import per_group
-from grpo_dist.types import Completion, Group
+from grpo_dist.common.types import Completion, Group
 
 ROW = {"prompt": "58+67=", "answer": "125"}
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_dist.config import load_config
+from grpo_dist.config.schema import load_config
 from grpo_dist.controller.run import TrainingRun
 from grpo_dist.tasks.tiny import IM_END, save_tiny_model
 from test_code_recipe import ON_TWO_CPUS, RECIPE

@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from grpo_dist.config import RewardConfig
+from grpo_dist.config.schema import RewardConfig
 from grpo_dist.env.config import EnvConfig
 from grpo_dist.env.groups import episode_groups
 from grpo_dist.env.runner import EpisodeRunner, env_metrics, episode_sums
@@ -16,9 +16,9 @@ from grpo_dist.learner.logprobs import token_logprobs
 from grpo_dist.reward.rules import length_penalty
 from grpo_dist.reward.worker import RewardWorker
 from grpo_dist.rollout.hf_engine import HFEngine
-from grpo_dist.seeding import completion_seed, prompt_seed, turn_seed
+from grpo_dist.common.seeding import completion_seed, prompt_seed, turn_seed
 from grpo_dist.tasks.tiny import IM_END, save_tiny_model
-from grpo_dist.types import Prompt, SamplingSettings
+from grpo_dist.common.types import Prompt, SamplingSettings
 
 ROWS = [{"prompt": "What is 2+2?", "answer": "4"}, {"prompt": "Say 7.", "answer": "7"}]
 

@@ -13,11 +13,11 @@ from grpo_dist.agent.runner import AgentRunner  # noqa: E402
 from grpo_dist.env.config import EnvConfig  # noqa: E402
 from grpo_dist.env.runner import EpisodeRunner  # noqa: E402
 from grpo_dist.learner.logprobs import token_logprobs  # noqa: E402
-from grpo_dist.models import load_causal_lm, load_tokenizer  # noqa: E402
+from grpo_dist.common.models import load_causal_lm, load_tokenizer  # noqa: E402
 from grpo_dist.rollout.vllm_engine import VLLMEngine  # noqa: E402
-from grpo_dist.seeding import prompt_seed  # noqa: E402
+from grpo_dist.common.seeding import prompt_seed  # noqa: E402
 from grpo_dist.tasks.tiny import IM_END, save_tiny_model  # noqa: E402
-from grpo_dist.types import SamplingSettings  # noqa: E402
+from grpo_dist.common.types import SamplingSettings  # noqa: E402
 
 ROWS = [{"prompt": "What is 2+2?", "answer": "4"}, {"prompt": "Say 7.", "answer": "7"}]
 

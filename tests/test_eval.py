@@ -10,11 +10,11 @@ import ray
 
 from conftest import ENGINES, small_config
 from reward_helpers import known_correct_count
-from grpo_dist.config import BUILTIN_ROOT, Config, ConfigError, dump_config, effective_reward
-from grpo_dist.data import held_out_prompts
+from grpo_dist.config.schema import BUILTIN_ROOT, Config, ConfigError, dump_config, effective_reward
+from grpo_dist.tasks.data import held_out_prompts
 from grpo_dist.controller.actors import Actors
 from grpo_dist.eval import main, parse_ks, resolve_checkpoint
-from grpo_dist.evaluation import evaluate, pass_at_k
+from grpo_dist.observe.evaluation import evaluate, pass_at_k
 from grpo_dist.reward.worker import RewardWorker
 
 MODEL = BUILTIN_ROOT / "arithmetic" / "model"

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_dist.config import vllm_installed
-from grpo_dist.types import SamplingSettings
+from grpo_dist.config.schema import vllm_installed
+from grpo_dist.common.types import SamplingSettings
 
 SCRIPT = Path(__file__).resolve().parent.parent / "deploy" / "gpu_smoke.py"
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from gsm8k_helpers import write_gsm8k
-from grpo_dist.config import load_config, vllm_installed
-from grpo_dist.data import prepare_data
+from grpo_dist.config.schema import load_config, vllm_installed
+from grpo_dist.tasks.data import prepare_data
 from grpo_dist.tasks.tiny import IM_END, save_tiny_model
 from grpo_dist.controller.run import TrainingRun
 

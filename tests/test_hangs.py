@@ -12,7 +12,7 @@ import ray
 from grpo_dist.controller.actors import LearnerWatch
 from grpo_dist.controller.publish import WeightPublisher
 from grpo_dist.controller.recovery import Supervisor
-from grpo_dist.waits import ActorLost, CallTimeout, fetch_each
+from grpo_dist.common.waits import ActorLost, CallTimeout, fetch_each
 from grpo_dist.weights import ObjectStoreSync
 
 

@@ -11,7 +11,7 @@ from conftest import ENGINES, small_config
 from grpo_dist.reward.rules import exact_answer
 from grpo_dist.controller.run import TrainingRun
 from grpo_dist.weights.errors import WeightSyncError
-from grpo_dist.types import SamplingSettings
+from grpo_dist.common.types import SamplingSettings
 
 GROUP = 4
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from grpo_dist.controller.checkpoints import TrainerState, save_checkpoint
-from grpo_dist.config import load_config
-from grpo_dist.cluster import probe_ray, ray_address_file
+from grpo_dist.config.schema import load_config
+from grpo_dist.controller.cluster import probe_ray, ray_address_file
 from grpo_dist.launch import main, parse_args, plan_run
 from grpo_dist.tasks.tiny import save_tiny_model
 
@@ -159,8 +159,8 @@ def test_a_local_cluster_fits_the_run_and_one_that_cannot_is_exit_2_in_one_line(
     bundles); a cluster held to fewer CPUs than the actors reserve is refused at once."""
     sized = subprocess.run([sys.executable, "-c", textwrap.dedent("""
         import ray
-        from grpo_dist.cluster import connect_ray
-        from grpo_dist.config import load_config
+        from grpo_dist.controller.cluster import connect_ray
+        from grpo_dist.config.schema import load_config
         connect_ray(load_config(None, ["learner.num_ranks=4", "learner.num_cpus=1"]), None)
         print("CPUs", ray.cluster_resources()["CPU"])
         ray.shutdown()
@@ -209,8 +209,8 @@ def test_the_address_file_is_where_ray_looks(monkeypatch, tmp_path):
 LISTENERS = textwrap.dedent("""
     import json, psutil
     import ray  # first, as the real launcher imports it (Ray reads how to bind when it is imported)
-    from grpo_dist.cluster import connect_ray
-    from grpo_dist.config import load_config
+    from grpo_dist.controller.cluster import connect_ray
+    from grpo_dist.config.schema import load_config
     connect_ray(load_config(None, ["cluster.address=local", "cluster.num_cpus=2"]), None)
 
     @ray.remote(num_cpus=0)
@@ -235,8 +235,8 @@ def test_the_local_cluster_listens_on_the_loopback_address_only():
 
 STOP = textwrap.dedent("""
     import json, psutil, ray
-    from grpo_dist.cluster import connect_ray, shutdown_ray
-    from grpo_dist.config import load_config
+    from grpo_dist.controller.cluster import connect_ray, shutdown_ray
+    from grpo_dist.config.schema import load_config
     config = load_config(None, ["cluster.address=local", "cluster.num_cpus=2"])
     for attempt in range(2):  # a second cluster in the same process: it starts as the first did
         connect_ray(config, None)

@@ -64,7 +64,7 @@ def test_no_function_is_longer_than_a_reader_holds():
 
 def test_grpo_dist_has_no_import_circle():
     graph = import_graph()
-    assert "grpo_dist.controller.evaluator" in graph and "grpo_dist.evaluation" in graph["grpo_dist.controller.evaluator"]
+    assert "grpo_dist.controller.evaluator" in graph and "grpo_dist.observe.evaluation" in graph["grpo_dist.controller.evaluator"]
     assert circles(graph) == []
 
 

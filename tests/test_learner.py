@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Qwen2
 from conftest import ENGINES
 from learner_helpers import make_config, make_learner, masters, metric_tolerance, scored_groups
 from grpo_dist import grpo
-from grpo_dist.config import resolve_path
+from grpo_dist.config.schema import resolve_path
 from grpo_dist.learner import state
 from grpo_dist.learner.worker import Learner
 from grpo_dist.rollout.worker import RolloutWorker
@@ -162,8 +162,8 @@ def test_a_non_finite_loss_skips_the_step_and_leaves_everything_as_it_was(groups
 
 
 def test_the_learner_and_data_load_models_without_the_rollout_package():
-    """Model and tokenizer loading is shared (grpo_dist/models.py), not borrowed from an engine."""
-    code = ("import sys, grpo_dist.learner.worker, grpo_dist.data; "
+    """Model and tokenizer loading is shared (grpo_dist/common/models.py), not borrowed from an engine."""
+    code = ("import sys, grpo_dist.learner.worker, grpo_dist.tasks.data; "
             "print(sorted(m for m in sys.modules if m.startswith('grpo_dist.rollout')))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert result.stdout.strip() == "[]"
@@ -292,10 +292,10 @@ def test_save_replaces_the_folder_atomically_and_a_failed_save_keeps_the_old_one
             raise OSError("rename in failed")
         real_rename(source, destination)
 
-    import grpo_dist.atomic
+    import grpo_dist.common.atomic
 
     with monkeypatch.context() as patched:  # where no swap in one step is possible (atomic.exchange): two renames
-        patched.setattr(grpo_dist.atomic, "exchange", lambda new, target: False)
+        patched.setattr(grpo_dist.common.atomic, "exchange", lambda new, target: False)
         patched.setattr(os, "rename", rename_in_fails)
         with pytest.raises(OSError, match="rename in failed"):
             learner.save(str(target))

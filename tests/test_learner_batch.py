@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from grpo_dist.learner.batch import TrainBatch
-from grpo_dist.types import Completion, Group
+from grpo_dist.common.types import Completion, Group
 
 
 def group(prompt_ids: list[int], completions: list[list[int]], finish_reasons: list[str] | None = None) -> Group:

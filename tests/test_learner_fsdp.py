@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from conftest import small_config
-from grpo_dist.config import ConfigError, load_config
+from grpo_dist.config.schema import ConfigError, load_config
 from grpo_dist.controller.run import TrainingRun
 from grpo_dist.learner.batch import TrainBatch
 from grpo_dist.learner.distributed import DataParallel

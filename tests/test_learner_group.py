@@ -18,7 +18,7 @@ from conftest import small_config
 from grpo_dist.controller.run import TrainingRun
 from grpo_dist.learner.group import PEER_DEATH_GRACE_S, ROUTES, LearnerGroup, offer_learner_methods, unrouted
 from grpo_dist.learner.worker import Learner
-from grpo_dist.waits import CallTimeout
+from grpo_dist.common.waits import CallTimeout
 from grpo_dist.weights.checksum import state_checksum
 from learner_helpers import learner_group, make_config, make_learner, masters, metric_tolerance, scored_groups
 

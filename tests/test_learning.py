@@ -2,7 +2,7 @@
 
 import pytest
 
-from grpo_dist.config import load_config, vllm_installed
+from grpo_dist.config.schema import load_config, vllm_installed
 from grpo_dist.controller.run import TrainingRun
 
 

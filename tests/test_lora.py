@@ -9,7 +9,7 @@ from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
 from conftest import ENGINES
-from grpo_dist.config import resolve_path
+from grpo_dist.config.schema import resolve_path
 from grpo_dist.learner.worker import Learner
 from grpo_dist.rollout.worker import RolloutWorker
 from learner_helpers import make_config, make_learner, scored_groups

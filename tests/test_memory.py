@@ -1,10 +1,10 @@
-"""grpo_dist/memory.py against the kernel's own accounting of this process (Linux)."""
+"""grpo_dist/observe/memory.py against the kernel's own accounting of this process (Linux)."""
 
 import sys
 
 import pytest
 
-from grpo_dist.memory import peak_mb, process_device, resident_mb, resident_peak_mb
+from grpo_dist.observe.memory import peak_mb, process_device, resident_mb, resident_peak_mb
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc/self")
 

@@ -4,9 +4,9 @@ import importlib.util
 
 import pytest
 
-from grpo_dist.config import ConfigError, load_config
-from grpo_dist.metrics import ConsoleSink, sample_records, samples_markdown
-from grpo_dist.types import Completion, Group
+from grpo_dist.config.schema import ConfigError, load_config
+from grpo_dist.observe.metrics import ConsoleSink, sample_records, samples_markdown
+from grpo_dist.common.types import Completion, Group
 
 
 def test_wandb_asked_for_but_not_installed_is_a_config_error(monkeypatch):

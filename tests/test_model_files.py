@@ -1,5 +1,5 @@
 """Bad model folders are exit 2 with one message naming the path, before Ray or any actor starts
-(launch.plan_run, grpo_dist/model_files.py): made from the real model's own files, each with one
+(launch.plan_run, grpo_dist/common/model_files.py): made from the real model's own files, each with one
 thing wrong. The weights are left out: nothing here may load them."""
 
 import json
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_dist.config import ConfigError
+from grpo_dist.config.schema import ConfigError
 from grpo_dist.eval import resolve_checkpoint
 from grpo_dist.launch import parse_args, plan_run
 

@@ -18,7 +18,7 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
-from grpo_dist.config import load_config
+from grpo_dist.config.schema import load_config
 from grpo_dist.controller.errors import ActorGone
 from grpo_dist.controller.run import TrainingRun
 from runs import train_records

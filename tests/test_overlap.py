@@ -10,7 +10,7 @@ from safetensors import safe_open
 
 from conftest import small_config
 from learner_helpers import make_config, make_learner, masters, metric_tolerance, scored_groups
-from grpo_dist.config import resolve_overlap
+from grpo_dist.config.schema import resolve_overlap
 from grpo_dist.controller.run import TrainingRun
 
 CLOCK = ("system/", "time/")  # rates and seconds

@@ -12,7 +12,7 @@ import ray
 
 from conftest import small_config
 from grpo_dist.controller.errors import ChunkFailed
-from grpo_dist.seeding import prompt_seed
+from grpo_dist.common.seeding import prompt_seed
 from grpo_dist.controller.run import TrainingRun
 
 GROUP = 4

@@ -13,8 +13,8 @@ import ray
 from ray.cluster_utils import Cluster
 from ray.util.placement_group import placement_group_table, remove_placement_group
 
-from grpo_dist.config import load_config
-from grpo_dist.metrics import MetricsLog
+from grpo_dist.config.schema import load_config
+from grpo_dist.observe.metrics import MetricsLog
 from grpo_dist.controller.placement import Role, create_placement_group, in_bundle, roles
 from grpo_dist.controller.actors import Actors
 from grpo_dist.controller.run import TrainingRun

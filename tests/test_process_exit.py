@@ -6,7 +6,7 @@ import sys
 
 SCRIPT = """
 import atexit, sys
-from grpo_dist.process_exit import end_process
+from grpo_dist.common.process_exit import end_process
 
 class Finalized:
     def __del__(self):

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from conftest import ENGINES
-from grpo_dist.config import DataConfig
-from grpo_dist.data import build_prompts
+from grpo_dist.config.schema import DataConfig
+from grpo_dist.tasks.data import build_prompts
 from grpo_dist.learner.batch import TrainBatch
-from grpo_dist.models import load_tokenizer
-from grpo_dist.types import Group, SamplingSettings
+from grpo_dist.common.models import load_tokenizer
+from grpo_dist.common.types import Group, SamplingSettings
 
 IM_END_ID = 2
 DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"

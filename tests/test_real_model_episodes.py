@@ -16,7 +16,7 @@ import pytest
 from env_helpers import STRIPPING
 from grpo_dist.env.render import ChatRenderer
 from grpo_dist.env.trajectory import HISTORY_REWRITTEN, TEMPLATE_MISMATCH, Trajectory
-from grpo_dist.models import load_tokenizer
+from grpo_dist.common.models import load_tokenizer
 
 DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 LLAMA31_TOKENS = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]

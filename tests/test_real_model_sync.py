@@ -12,13 +12,13 @@ import torch
 
 from conftest import ENGINES
 from learner_helpers import make_config
-from grpo_dist.config import vllm_installed
-from grpo_dist.data import build_prompts
+from grpo_dist.config.schema import vllm_installed
+from grpo_dist.tasks.data import build_prompts
 from grpo_dist.learner.worker import Learner
-from grpo_dist.models import load_tokenizer
+from grpo_dist.common.models import load_tokenizer
 from grpo_dist.rollout.worker import RolloutWorker
-from grpo_dist.seeding import prompt_seed
-from grpo_dist.types import SamplingSettings
+from grpo_dist.common.seeding import prompt_seed
+from grpo_dist.common.types import SamplingSettings
 
 QUESTIONS = ["What is 23+48?", "Name a colour."]
 REWARDS = [1.0, 0.0, 0.0, 1.0]  # per completion of each group: advantages +1, -1, -1, +1

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from grpo_dist.plots import PANELS, panel_notes, plot_panel, plot_stages, read_records, write_report
+from grpo_dist.observe.plots import PANELS, panel_notes, plot_panel, plot_stages, read_records, write_report
 from grpo_dist.report import main
 
 STAGES = ("time/generate_s", "time/reward_s", "time/learn_s", "time/sync_s", "time/step_s")

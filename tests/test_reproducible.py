@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_dist.config import vllm_installed
+from grpo_dist.config.schema import vllm_installed
 from runs import ROOT, train_records
 from test_resume import max_weight_difference, straight_and_resumed
 

@@ -6,11 +6,11 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForSequenceClassification
 
-from grpo_dist.config import load_config
+from grpo_dist.config.schema import load_config
 from grpo_dist.reward.model import RewardModel
 from grpo_dist.reward.worker import RewardWorker
 from grpo_dist.tasks.arithmetic import build_tokenizer
-from grpo_dist.types import Completion, Group
+from grpo_dist.common.types import Completion, Group
 
 PROMPTS = ["12+34=", "5+5=", "99+1=", "7+80=", "3+3="]
 COMPLETIONS = ["<answer>46</answer>", "<answer>1</answer>", "<answer>100</answer>", "8", "<answer>6</answer>"]

@@ -10,10 +10,10 @@ import ray
 
 import reward_helpers
 
-from grpo_dist.config import load_config
+from grpo_dist.config.schema import load_config
 from grpo_dist.reward.pool import OUTPUT_LIMIT
 from grpo_dist.reward.worker import RewardWorker
-from grpo_dist.types import Completion, Group
+from grpo_dist.common.types import Completion, Group
 from test_code_sandbox import sandbox_processes
 
 ADD_TESTS = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0"]

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from grpo_dist.config import ConfigError, load_config
+from grpo_dist.config.schema import ConfigError, load_config
 from grpo_dist.reward.pool import ScoreOutcome, ScoringPool
 from grpo_dist.reward.registry import BUILTIN_REWARDS, load_reward, reward_kind
 from grpo_dist.reward.rules import answer_format, extract_final_answer, length_penalty, math_answer

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from grpo_dist.config import load_config
+from grpo_dist.config.schema import load_config
 from grpo_dist.rollout.sampling import (
     StopStrings,
     draw,
@@ -13,9 +13,9 @@ from grpo_dist.rollout.sampling import (
     sampling_settings,
     stop_token_ids,
 )
-from grpo_dist.seeding import completion_seed
+from grpo_dist.common.seeding import completion_seed
 from grpo_dist.tasks.tiny import EOS_ID, IM_END, build_tokenizer, save_tiny_model
-from grpo_dist.types import Completion, SamplingSettings
+from grpo_dist.common.types import Completion, SamplingSettings
 
 LOGITS = torch.log(torch.tensor([[0.5, 0.25, 0.15, 0.1]]))  # probabilities 0.5, 0.25, 0.15, 0.1
 

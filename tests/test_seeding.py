@@ -1,6 +1,6 @@
 """Per-completion random streams: distinct, reproducible, independent of the batch around them."""
 
-from grpo_dist.seeding import completion_seed, prompt_seed, turn_seed
+from grpo_dist.common.seeding import completion_seed, prompt_seed, turn_seed
 
 
 def test_seeds_are_reproducible_and_distinct_across_steps_positions_and_samples():

@@ -8,9 +8,9 @@ import torch
 
 from grpo_dist.learner.batch import TrainBatch
 from grpo_dist.learner.logprobs import shares_enough, shared_prefix_logprobs, token_logprobs
-from grpo_dist.models import load_causal_lm
+from grpo_dist.common.models import load_causal_lm
 from grpo_dist.tasks.tiny import save_tiny_model
-from grpo_dist.types import Completion, Group
+from grpo_dist.common.types import Completion, Group
 from learner_helpers import make_config, make_learner, masters, scored_groups
 
 

@@ -6,14 +6,14 @@ import time
 
 import pytest
 
-from grpo_dist.timeline import Timeline, process_started
+from grpo_dist.observe.timeline import Timeline, process_started
 
 
 def test_the_clock_starts_when_the_process_did():
     """A child's start as it reads it lies between its parent's clock just before and just after
     spawning it (psutil's create_time was 0.9 s early here: Linux gives the boot time in whole seconds)."""
     before = time.time()
-    child = subprocess.Popen([sys.executable, "-c", "from grpo_dist.timeline import process_started; "
+    child = subprocess.Popen([sys.executable, "-c", "from grpo_dist.observe.timeline import process_started; "
                                                     "import time; time.sleep(0.3); print(process_started())"],
                              stdout=subprocess.PIPE, text=True)
     after = time.time()

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from grpo_dist.agent.tool_calls import parse_reply
 from grpo_dist.env.render import ChatRenderer
 from grpo_dist.env.trajectory import Trajectory
-from grpo_dist.models import load_tokenizer
+from grpo_dist.common.models import load_tokenizer
 
 # As Qwen2.5's template: tools in the system message after its content, each call a hermes
 # block after the content, tool replies as <tool_response> in a user turn.

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_dist.config import resolve_path
+from grpo_dist.config.schema import resolve_path
 from grpo_dist.reward.rules import exact_answer, math_answer
 
 ROOT = Path(__file__).resolve().parent.parent

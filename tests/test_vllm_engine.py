@@ -16,9 +16,9 @@ import torch  # noqa: E402
 from transformers import LlamaForCausalLM  # noqa: E402
 
 from grpo_dist.rollout.vllm_engine import VLLMEngine  # noqa: E402
-from grpo_dist.seeding import completion_seed, prompt_seed  # noqa: E402
+from grpo_dist.common.seeding import completion_seed, prompt_seed  # noqa: E402
 from grpo_dist.tasks.tiny import EOS_ID, build_tokenizer, save_tiny_model  # noqa: E402
-from grpo_dist.types import Completion, SamplingSettings  # noqa: E402
+from grpo_dist.common.types import Completion, SamplingSettings  # noqa: E402
 from grpo_dist.weights.checksum import state_checksum  # noqa: E402
 from grpo_dist.weights.buckets import pack, plan_buckets  # noqa: E402
 

@@ -12,9 +12,9 @@ import signal
 import pytest
 import ray
 
-import grpo_dist.config
+import grpo_dist.config.schema
 from conftest import ENGINES, small_config
-from grpo_dist.config import Config, ConfigError, load_config, resolve_weight_sync
+from grpo_dist.config.schema import Config, ConfigError, load_config, resolve_weight_sync
 from grpo_dist.controller.run import TrainingRun
 from grpo_dist.weights import ObjectStoreSync, make_weight_sync
 from grpo_dist.weights.errors import WeightSyncError
@@ -26,7 +26,7 @@ GPUS = ["learner.num_gpus=1", "rollout.num_gpus=1"]
 @pytest.fixture
 def vllm_present(monkeypatch):
     """Config validation as where vLLM is installed (rollout.engine=vllm is then accepted)."""
-    monkeypatch.setattr(grpo_dist.config, "vllm_installed", lambda: True)
+    monkeypatch.setattr(grpo_dist.config.schema, "vllm_installed", lambda: True)
 
 
 def test_auto_is_the_object_store_without_gpus():
@@ -48,7 +48,7 @@ def test_auto_picks_nccl_for_vllm_engines_on_gpus_of_their_own(vllm_present, ove
 
 
 def test_auto_without_vllm_is_the_object_store(monkeypatch):
-    monkeypatch.setattr(grpo_dist.config, "vllm_installed", lambda: False)
+    monkeypatch.setattr(grpo_dist.config.schema, "vllm_installed", lambda: False)
     assert resolve_weight_sync(load_config(None, ["rollout.engine=auto", *GPUS])) == "object_store"
 
 

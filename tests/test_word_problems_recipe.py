@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from grpo_dist.config import load_config
-from grpo_dist.data import read_jsonl
+from grpo_dist.config.schema import load_config
+from grpo_dist.tasks.data import read_jsonl
 from grpo_dist.tasks.word_problems import answer, make_splits
 from runs import ROOT, finish, start, train_records
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from grpo_dist.agent.episode import AgentEpisode, Pending, RequestRefused
 from grpo_dist.agent.messages import ChatRequest, request_error
-from grpo_dist.types import SamplingSettings
+from grpo_dist.common.types import SamplingSettings
 
 CALL_OVER = "the rollout call it belonged to is over"
 

@@ -22,7 +22,7 @@ from grpo_dist.env.base import EnvError
 from grpo_dist.env.render import ChatRenderer
 from grpo_dist.env.runner import Episode
 from grpo_dist.env.trajectory import HISTORY_REWRITTEN, MAX_TURNS, Trajectory
-from grpo_dist.types import Completion
+from grpo_dist.common.types import Completion
 
 
 class RequestRefused(Exception):

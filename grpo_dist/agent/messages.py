@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from grpo_dist.types import SamplingSettings
+from grpo_dist.common.types import SamplingSettings
 
 
 class FunctionCall(BaseModel):

@@ -34,8 +34,8 @@ from grpo_dist.agent.server import AgentServer
 from grpo_dist.env.render import ChatRenderer
 from grpo_dist.env.runner import episode_sums
 from grpo_dist.rollout.engine import GenerationEngine
-from grpo_dist.seeding import completion_seed, turn_seed
-from grpo_dist.types import SamplingSettings
+from grpo_dist.common.seeding import completion_seed, turn_seed
+from grpo_dist.common.types import SamplingSettings
 
 class AgentRunner:
     """Plays agent episodes on `engine`, serving them on an endpoint of its own (see the module docstring)."""

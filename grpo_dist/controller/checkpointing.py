@@ -11,14 +11,14 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from grpo_dist.config import Config
+from grpo_dist.config.schema import Config
 from grpo_dist.controller.actors import LearnerWatch
 from grpo_dist.controller.checkpoints import (Checkpoint, CheckpointError, TrainerState, check_shared_storage,
                                               save_checkpoint)
 from grpo_dist.controller.errors import RunFailed
 from grpo_dist.controller.publish import WeightPublisher
-from grpo_dist.data import PromptCursor
-from grpo_dist.types import Prompt
+from grpo_dist.tasks.data import PromptCursor
+from grpo_dist.common.types import Prompt
 
 BAD_STEPS = "bad_steps_in_a_row"  # kept with the restart counters in checkpoints
 

@@ -34,13 +34,13 @@ from typing import Any, Callable
 
 import yaml
 
-from grpo_dist.atomic import copy_atomic, fsync_dir, replace_folder
-from grpo_dist.config import Config, dump_config
+from grpo_dist.common.atomic import copy_atomic, fsync_dir, replace_folder
+from grpo_dist.config.schema import Config, dump_config
 from grpo_dist.controller.errors import RunFailed
 from grpo_dist.controller.manifest import (MANIFEST, CheckpointError, check_complete, is_complete, run_id,
                                           write_manifest)
-from grpo_dist.data import PromptCursor
-from grpo_dist.types import Prompt
+from grpo_dist.tasks.data import PromptCursor
+from grpo_dist.common.types import Prompt
 
 CHECKPOINTS = "checkpoints"
 PREFIX = "step_"

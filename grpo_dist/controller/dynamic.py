@@ -46,7 +46,7 @@ from dataclasses import dataclass, replace
 import ray
 
 from grpo_dist.controller.pipeline import Batch, RolloutPipeline, ScoredBatch
-from grpo_dist.types import Prompt
+from grpo_dist.common.types import Prompt
 
 
 def round_size(missing: int, informative_so_far: int, generated: int, most: int) -> int:

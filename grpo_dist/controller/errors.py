@@ -11,7 +11,7 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from grpo_dist.waits import CallTimeout
+from grpo_dist.common.waits import CallTimeout
 from grpo_dist.weights.errors import WeightSyncError
 
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from grpo_dist.config import Config
+from grpo_dist.config.schema import Config
 from grpo_dist.controller.recovery import Supervisor
-from grpo_dist.evaluation import evaluate
-from grpo_dist.metrics import MetricsLog
-from grpo_dist.types import Prompt
-from grpo_dist.waits import ActorLost, CallTimeout, ObjectLost, first_line
+from grpo_dist.observe.evaluation import evaluate
+from grpo_dist.observe.metrics import MetricsLog
+from grpo_dist.common.types import Prompt
+from grpo_dist.common.waits import ActorLost, CallTimeout, ObjectLost, first_line
 
 
 class Evaluator:

@@ -38,7 +38,7 @@ from collections import deque
 
 import ray
 
-from grpo_dist.config import Config, resolve_overlap
+from grpo_dist.config.schema import Config, resolve_overlap
 from grpo_dist.controller.actors import Actors, LearnerWatch
 from grpo_dist.controller.checkpointing import BAD_STEPS, Checkpointer, Drawn, StartPoint, driver_state
 from grpo_dist.controller.dynamic import DynamicSampling
@@ -49,11 +49,11 @@ from grpo_dist.controller.pipeline import Batch, RolloutPipeline, ScoredBatch
 from grpo_dist.controller.publish import WeightPublisher
 from grpo_dist.controller.recovery import RESTART_COUNTERS, Supervisor
 from grpo_dist.controller.signals import StopRequest
-from grpo_dist.metrics import MetricsLog
+from grpo_dist.observe.metrics import MetricsLog
 from grpo_dist.rollout.sampling import sampling_settings
-from grpo_dist.timeline import Timeline
-from grpo_dist.types import Group, Prompt, SamplingSettings
-from grpo_dist.waits import fetch
+from grpo_dist.observe.timeline import Timeline
+from grpo_dist.common.types import Group, Prompt, SamplingSettings
+from grpo_dist.common.waits import fetch
 
 
 class StepLoop:

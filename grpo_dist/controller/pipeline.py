@@ -49,9 +49,9 @@ import ray
 from grpo_dist.controller.recovery import Supervisor
 from grpo_dist.env.runner import env_metrics
 from grpo_dist.reward.chunk_stats import batch_metrics, every_sample_failed
-from grpo_dist.seeding import prompt_seed
-from grpo_dist.types import Prompt, SamplingSettings
-from grpo_dist.waits import ActorLost, CallTimeout, ObjectLost, fetch_each, first_line
+from grpo_dist.common.seeding import prompt_seed
+from grpo_dist.common.types import Prompt, SamplingSettings
+from grpo_dist.common.waits import ActorLost, CallTimeout, ObjectLost, fetch_each, first_line
 
 T = TypeVar("T")
 

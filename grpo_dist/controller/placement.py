@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from grpo_dist.config import Config
+from grpo_dist.config.schema import Config
 from grpo_dist.controller.errors import StartError
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import ray
 
 from grpo_dist.controller.actors import LearnerWatch
-from grpo_dist.waits import (ActorLost, CallTimeout, ObjectLost, cause_line, fetch, fetch_each, first_line,
+from grpo_dist.common.waits import (ActorLost, CallTimeout, ObjectLost, cause_line, fetch, fetch_each, first_line,
                              timeout_error)
 from grpo_dist.weights import WeightSync
 from grpo_dist.weights.errors import WeightSyncError

@@ -38,7 +38,7 @@ import ray
 from grpo_dist.controller.actors import LearnerWatch, actor_state
 from grpo_dist.controller.errors import ActorGone, ChunkFailed
 from grpo_dist.controller.publish import WeightPublisher
-from grpo_dist.waits import ActorLost, late_refs
+from grpo_dist.common.waits import ActorLost, late_refs
 
 NAMES = {"rollout": "rollout worker", "reward": "reward actor"}
 # Run totals (kept in checkpoints); each step logs what it added.

@@ -21,8 +21,8 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from grpo_dist.atomic import write_json_atomic
-from grpo_dist.config import Config, dump_config
+from grpo_dist.common.atomic import write_json_atomic
+from grpo_dist.config.schema import Config, dump_config
 from grpo_dist.controller.actors import Actors, LearnerWatch
 from grpo_dist.controller.checkpointing import Checkpointer, start_point
 from grpo_dist.controller.checkpoints import Checkpoint
@@ -32,12 +32,12 @@ from grpo_dist.controller.loop import StepLoop
 from grpo_dist.controller.publish import WeightPublisher
 from grpo_dist.controller.recovery import RESTART_COUNTERS, Supervisor
 from grpo_dist.controller.signals import StopRequest, stop_on_signals
-from grpo_dist.data import PreparedData, prepare_data
-from grpo_dist.evaluation import standard_error
-from grpo_dist.metrics import MetricsLog
-from grpo_dist.plots import report_thread, write_report_beside
-from grpo_dist.timeline import Timeline
-from grpo_dist.waits import fetch
+from grpo_dist.tasks.data import PreparedData, prepare_data
+from grpo_dist.observe.evaluation import standard_error
+from grpo_dist.observe.metrics import MetricsLog
+from grpo_dist.observe.plots import report_thread, write_report_beside
+from grpo_dist.observe.timeline import Timeline
+from grpo_dist.common.waits import fetch
 from grpo_dist.weights import WeightSync, make_weight_sync
 
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from grpo_dist.coroutines import CoroutineLoop
+from grpo_dist.common.coroutines import CoroutineLoop
 
 Message = dict[str, str]
 Observation = Union[list[Message], str]

@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from grpo_dist.env.registry import check_env_options, load_environment
-from grpo_dist.run_config import Section
+from grpo_dist.config.run import Section
 
 
 class EpisodeLimits(Section):

@@ -8,7 +8,7 @@ from typing import Any
 
 from grpo_dist.env.runner import Episode
 from grpo_dist.env.trajectory import MAX_EPISODE_TOKENS, Sample
-from grpo_dist.types import Completion, Group, Prompt
+from grpo_dist.common.types import Completion, Group, Prompt
 
 
 def episode_groups(prompts: list[Prompt], played: list[list[Episode]], version: int) -> list[Group]:

@@ -28,15 +28,15 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from grpo_dist.coroutines import CoroutineLoop
+from grpo_dist.common.coroutines import CoroutineLoop
 from grpo_dist.env.base import Environment, EnvError, call, check_opening, check_step, solved_turn
 from grpo_dist.env.config import EnvConfig
 from grpo_dist.env.registry import load_environment
 from grpo_dist.env.render import ChatRenderer, TextRenderer
 from grpo_dist.env.trajectory import DONE, ENV_ERROR, MAX_TURNS, Sample, Trajectory
 from grpo_dist.rollout.engine import GenerationEngine
-from grpo_dist.seeding import completion_seed, turn_seed
-from grpo_dist.types import SamplingSettings
+from grpo_dist.common.seeding import completion_seed, turn_seed
+from grpo_dist.common.types import SamplingSettings
 
 
 @dataclass

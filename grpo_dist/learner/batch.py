@@ -6,7 +6,7 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
-from grpo_dist.types import Completion, Group
+from grpo_dist.common.types import Completion, Group
 
 
 @dataclass

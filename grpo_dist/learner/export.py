@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from grpo_dist.net import free_port
+from grpo_dist.common.net import free_port
 from grpo_dist.weights import nccl
 from grpo_dist.weights.buckets import Bucket, plan_buckets
 from grpo_dist.weights.checksum import WireStateDict, export_state_dict, state_checksum, stream_checksum

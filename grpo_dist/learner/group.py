@@ -37,11 +37,11 @@ from typing import Any, Literal
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 
-from grpo_dist.config import AlgoConfig, Config, LearnerConfig, ModelConfig, RolloutConfig
+from grpo_dist.config.schema import AlgoConfig, Config, LearnerConfig, ModelConfig, RolloutConfig
 from grpo_dist.learner.worker import Learner
-from grpo_dist.waits import ActorLost, fetch
+from grpo_dist.common.waits import ActorLost, fetch
 from grpo_dist.controller.placement import in_bundle
-from grpo_dist.types import Group
+from grpo_dist.common.types import Group
 
 Route = Literal["rank 0", "every rank"]
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from grpo_dist.distinct import distinct_rows
+from grpo_dist.common.distinct import distinct_rows
 from grpo_dist.learner.batch import TrainBatch
 
 # Share prompts only where it cuts the tokens run to this share of the plain forward's or less:

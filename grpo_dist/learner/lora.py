@@ -26,7 +26,7 @@ from peft.tuners.lora import LoraLayer
 from peft.utils import load_peft_weights
 
 from grpo_dist.learner.replicated import ReplicatedWeights
-from grpo_dist.run_config import LoraConfig
+from grpo_dist.config.run import LoraConfig
 
 ADAPTER = "adapter"  # the adapter's folder inside a saved policy
 BASE_LAYER = ".base_layer"

@@ -19,7 +19,7 @@ import torch
 
 from grpo_dist.learner.batch import TrainBatch
 from grpo_dist.learner.metrics import StepStats
-from grpo_dist.types import Group
+from grpo_dist.common.types import Group
 
 
 @dataclass

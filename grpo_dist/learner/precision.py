@@ -30,11 +30,11 @@ from typing import Any, Protocol
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from grpo_dist.dtypes import DTYPES
+from grpo_dist.common.dtypes import DTYPES
 from grpo_dist.learner.export import WeightGroup
 from grpo_dist.learner.replicated import ReplicatedWeights
-from grpo_dist.models import load_causal_lm
-from grpo_dist.run_config import LoraConfig
+from grpo_dist.common.models import load_causal_lm
+from grpo_dist.config.run import LoraConfig
 from grpo_dist.weights.buckets import Bucket
 
 

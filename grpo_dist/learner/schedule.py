@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from grpo_dist.config import AlgoConfig
+from grpo_dist.config.schema import AlgoConfig
 
 
 def lr_factor(step: int, schedule: str, warmup_steps: int, total_steps: int) -> float:

@@ -27,7 +27,7 @@ from safetensors.torch import save_file
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from transformers import PreTrainedTokenizerBase
 
-from grpo_dist.atomic import replace_folder
+from grpo_dist.common.atomic import replace_folder
 from grpo_dist.learner.state import COUNTERS, POLICY, RNG, SCHEDULER, save_tensors
 from grpo_dist.weights.buckets import plan_buckets
 

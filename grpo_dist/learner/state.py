@@ -25,8 +25,8 @@ from typing import Any, Protocol
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from grpo_dist.atomic import replace_folder
-from grpo_dist.models import load_causal_lm
+from grpo_dist.common.atomic import replace_folder
+from grpo_dist.common.models import load_causal_lm
 
 POLICY, OPTIMIZER, SCHEDULER, REFERENCE = "policy", "optimizer.pt", "scheduler.pt", "reference"
 RNG, COUNTERS = "rng.pt", "learner.json"

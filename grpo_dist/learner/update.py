@@ -19,8 +19,8 @@ from typing import Any
 import torch
 
 from grpo_dist import grpo
-from grpo_dist.config import AlgoConfig, LearnerConfig, ModelConfig, RolloutConfig
-from grpo_dist.dtypes import DTYPES
+from grpo_dist.config.schema import AlgoConfig, LearnerConfig, ModelConfig, RolloutConfig
+from grpo_dist.common.dtypes import DTYPES
 from grpo_dist.learner.batch import TrainBatch
 from grpo_dist.learner.distributed import DataParallel
 from grpo_dist.learner.logprobs import batch_logprobs, token_logprobs
@@ -28,9 +28,9 @@ from grpo_dist.learner.metrics import StepStats, advantage_metrics, sampler_agre
 from grpo_dist.learner.precision import load_policy, load_reference
 from grpo_dist.learner.schedule import make_scheduler
 from grpo_dist.learner.sharded import full
-from grpo_dist.memory import peak_mb
-from grpo_dist.models import load_tokenizer
-from grpo_dist.types import Group
+from grpo_dist.observe.memory import peak_mb
+from grpo_dist.common.models import load_tokenizer
+from grpo_dist.common.types import Group
 
 
 class PolicyUpdate:

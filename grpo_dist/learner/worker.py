@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from grpo_dist import grpo
-from grpo_dist.config import AlgoConfig, LearnerConfig, ModelConfig, RolloutConfig
+from grpo_dist.config.schema import AlgoConfig, LearnerConfig, ModelConfig, RolloutConfig
 from grpo_dist.learner.batch import TrainBatch
 from grpo_dist.learner.distributed import DataParallel
 from grpo_dist.learner.export import WeightGroup
@@ -25,8 +25,8 @@ from grpo_dist.learner.overlap import ChunkedStep, divide_grads
 from grpo_dist.learner.schedule import make_scheduler
 from grpo_dist.learner.sharded import ShardedRanks, ShardedWeights, shard
 from grpo_dist.learner.update import PolicyUpdate
-from grpo_dist.memory import reset_peak
-from grpo_dist.types import Group
+from grpo_dist.observe.memory import reset_peak
+from grpo_dist.common.types import Group
 from grpo_dist.weights import nccl
 from grpo_dist.weights.buckets import DEFAULT_BUCKET_BYTES, Bucket
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from grpo_dist.env.base import solved_turn
-from grpo_dist.types import Group
+from grpo_dist.common.types import Group
 
 FAILURES = "/failures"
 FIRST_ERROR = "/first_error"  # a reward function's first error in a chunk (a text)

@@ -8,8 +8,8 @@ import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 from transformers.utils import logging as transformers_logging
 
-from grpo_dist.config import check_model_path, resolve_path
-from grpo_dist.dtypes import DTYPES
+from grpo_dist.config.schema import check_model_path, resolve_path
+from grpo_dist.common.dtypes import DTYPES
 from grpo_dist.reward.registry import batched
 
 

@@ -21,8 +21,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from grpo_dist.config import RewardConfig, RewardFunctionConfig
-from grpo_dist.coroutines import CoroutineLoop
+from grpo_dist.config.schema import RewardConfig, RewardFunctionConfig
+from grpo_dist.common.coroutines import CoroutineLoop
 from grpo_dist.reward.bounded import call_in_order, capped_output
 from grpo_dist.reward.chunk_stats import FAILURES, FIRST_ERROR, informative, per_group, summarize
 from grpo_dist.reward.pool import (Item, ScoreOutcome, ScoringPool, call_outcome, exception_outcome,
@@ -35,7 +35,7 @@ from grpo_dist.reward.registry import (
     reward_spec,
     takes_completion_tokens,
 )
-from grpo_dist.types import Completion, Group
+from grpo_dist.common.types import Completion, Group
 
 
 def reward_fields(row: dict[str, Any]) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from typing import Protocol
 
 import torch
 
-from grpo_dist.types import Completion, SamplingSettings
+from grpo_dist.common.types import Completion, SamplingSettings
 from grpo_dist.weights.buckets import Bucket
 
 

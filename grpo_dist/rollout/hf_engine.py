@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from grpo_dist.distinct import distinct_rows
-from grpo_dist.models import load_causal_lm, load_tokenizer
+from grpo_dist.common.distinct import distinct_rows
+from grpo_dist.common.models import load_causal_lm, load_tokenizer
 from grpo_dist.rollout.engine import GenerationEngine
 from grpo_dist.rollout.sampling import StopStrings, draw, regroup, requests, sampled_logprobs, stop_token_ids
-from grpo_dist.types import Completion, SamplingSettings
+from grpo_dist.common.types import Completion, SamplingSettings
 from grpo_dist.weights import nccl
 from grpo_dist.weights.buckets import Bucket
 from grpo_dist.weights.checksum import state_checksum

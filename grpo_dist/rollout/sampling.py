@@ -12,9 +12,9 @@ from dataclasses import replace
 import torch
 from transformers import AutoConfig, GenerationConfig, PreTrainedTokenizerBase
 
-from grpo_dist.config import RolloutConfig, resolve_path
-from grpo_dist.seeding import completion_seed
-from grpo_dist.types import Completion, SamplingSettings
+from grpo_dist.config.schema import RolloutConfig, resolve_path
+from grpo_dist.common.seeding import completion_seed
+from grpo_dist.common.types import Completion, SamplingSettings
 
 
 def sampling_settings(rollout: RolloutConfig, greedy: bool = False) -> SamplingSettings:

@@ -22,7 +22,7 @@ from vllm.platforms import current_platform
 
 from grpo_dist.rollout.engine import GenerationEngine
 from grpo_dist.rollout.sampling import check_seeds, regroup, stop_token_ids
-from grpo_dist.types import Completion, SamplingSettings
+from grpo_dist.common.types import Completion, SamplingSettings
 from grpo_dist.weights.buckets import Bucket
 
 EXTENSION_CLS = "grpo_dist.rollout.vllm_extension.GRPOWorkerExtension"

@@ -10,15 +10,15 @@ import torch
 
 from grpo_dist.agent.config import AgentConfig
 from grpo_dist.agent.runner import AgentRunner, agent_sums
-from grpo_dist.config import ModelConfig, RolloutConfig, resolve_path, vllm_installed
+from grpo_dist.config.schema import ModelConfig, RolloutConfig, resolve_path, vllm_installed
 from grpo_dist.env.config import EnvConfig
 from grpo_dist.env.groups import episode_groups
 from grpo_dist.env.runner import EpisodeRunner, episode_sums
-from grpo_dist.memory import peak_mb, process_device
-from grpo_dist.models import load_tokenizer
+from grpo_dist.observe.memory import peak_mb, process_device
+from grpo_dist.common.models import load_tokenizer
 from grpo_dist.rollout.engine import GenerationEngine
 from grpo_dist.rollout.hf_engine import HFEngine
-from grpo_dist.types import Group, Prompt, SamplingSettings
+from grpo_dist.common.types import Group, Prompt, SamplingSettings
 
 
 def resolve_engine(name: str, num_gpus: float = 0.0) -> str:

@@ -59,7 +59,7 @@ class WeightSync(Protocol):
 
 def make_weight_sync(config: Any, learner: Any, rollouts: list[Any]) -> WeightSync:
     """The strategy `trainer.weight_sync` asks for (auto resolved by `config.resolve_weight_sync`)."""
-    from grpo_dist.config import resolve_weight_sync
+    from grpo_dist.config.schema import resolve_weight_sync
 
     trainer = config.trainer
     if resolve_weight_sync(config) == "nccl":

@@ -6,7 +6,7 @@ from typing import Any
 
 import ray
 
-from grpo_dist.waits import CallTimeout, fetch
+from grpo_dist.common.waits import CallTimeout, fetch
 from grpo_dist.weights.errors import WeightSyncError
 
 

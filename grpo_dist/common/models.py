@@ -7,8 +7,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 from transformers.utils import logging as transformers_logging
 
-from grpo_dist.config import resolve_path
-from grpo_dist.dtypes import DTYPES
+from grpo_dist.config.schema import resolve_path
+from grpo_dist.common.dtypes import DTYPES
 
 
 def load_tokenizer(path: str) -> PreTrainedTokenizerBase:

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from grpo_dist.config import Config, DataConfig, RewardConfig, resolve_path
-from grpo_dist.types import Prompt
+from grpo_dist.config.schema import Config, DataConfig, RewardConfig, resolve_path
+from grpo_dist.common.types import Prompt
 
 T = TypeVar("T")
 TOKENIZE_BATCH = 8192  # prompts per tokenizer call
@@ -351,7 +351,7 @@ def held_out_prompts(config: Config, tokenizer: Any = None) -> list[Prompt]:
 
 
 def _tokenizer(config: Config) -> Any:
-    from grpo_dist.models import load_tokenizer
+    from grpo_dist.common.models import load_tokenizer
 
     return load_tokenizer(config.model.path)
 

@@ -20,9 +20,9 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from grpo_dist.agent.config import AgentConfig, check_agent_deadline
 from grpo_dist.env.config import EnvConfig, check_env_deadlines, check_training_env
-from grpo_dist.recipes import RecipeError, compose, deep_merge, describe_error
+from grpo_dist.config.recipes import RecipeError, compose, deep_merge, describe_error
 from grpo_dist.reward.registry import check_reward_options, load_reward
-from grpo_dist.run_config import (ClusterConfig, LearnerConfig, Section, Strategy, TrainerConfig, VLLMConfig,
+from grpo_dist.config.run import (ClusterConfig, LearnerConfig, Section, Strategy, TrainerConfig, VLLMConfig,
                                   check_bundle, node_labels_field, resources_field)
 
 BUILTIN_PREFIX = "builtin:"

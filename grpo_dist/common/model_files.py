@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from grpo_dist.config import ConfigError, resolve_path
+from grpo_dist.config.schema import ConfigError, resolve_path
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")

@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from grpo_dist.config import Config
+from grpo_dist.config.schema import Config
 from grpo_dist.controller.errors import StartError
 from grpo_dist.controller.placement import check_capacity, required_resources
 

@@ -14,13 +14,13 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from grpo_dist.config import Config
+from grpo_dist.config.schema import Config
 from grpo_dist.controller.pipeline import contiguous_shares
 from grpo_dist.env.runner import solved_shares
 from grpo_dist.rollout.sampling import sampling_settings
-from grpo_dist.seeding import prompt_seed
-from grpo_dist.types import Prompt, SamplingSettings
-from grpo_dist.waits import fetch
+from grpo_dist.common.seeding import prompt_seed
+from grpo_dist.common.types import Prompt, SamplingSettings
+from grpo_dist.common.waits import fetch
 
 # Evaluation samples from the streams of this step number, which no training step uses, and
 # seeds each prompt by its index in the split: the samples do not depend on how the rows are

@@ -25,9 +25,9 @@ import torch
 from tqdm import tqdm
 
 from grpo_dist import grpo
-from grpo_dist.config import Config
+from grpo_dist.config.schema import Config
 from grpo_dist.controller.errors import OutputFailed, writing
-from grpo_dist.types import Group
+from grpo_dist.common.types import Group
 
 CONSOLE_KEYS = (
     ("reward/mean", "reward"),
