@@ -46,7 +46,7 @@ def rows(model: type[BaseModel], prefix: str) -> list[str]:
 HEADER = """# Configuration reference
 
 Every field, its default and what it means, from the pydantic models (grpo_dist/config/schema.py,
-run_config.py, env/config.py). Generated: `python scripts/config_reference.py > docs/config.md`
+config/run.py, env/config.py). Generated: `python scripts/config_reference.py > docs/config.md`
 (tests/test_docs.py checks that this file is current). How recipes, `--config` files and
 `section.field=value` overrides compose: docs/running.md."""
 

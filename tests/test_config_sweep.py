@@ -1,5 +1,5 @@
-"""A property-based sweep of the config door: every field of the pydantic models in config.py and
-run_config.py, each given values it must refuse (wrong types, numbers past their bounds, choices
+"""A property-based sweep of the config door: every field of the pydantic models in config/schema.py and
+config/run.py, each given values it must refuse (wrong types, numbers past their bounds, choices
 that do not exist), unknown keys at every level, and combinations that cannot run. Each goes
 through launch's own `main([... , "--print-config"])`, the command line's config path, and must
 come back exit 2 with one line naming the field, never a traceback; a few go through the real

@@ -1,7 +1,7 @@
 """The one table from config dtype names (`model.dtype`, a reward model's `dtype`) to torch dtypes.
 
 float16 is here for a reward model, which only runs inference; `model.dtype` refuses it
-(config.py): nothing scales the learner's loss, and unscaled gradients underflow in float16.
+(config/schema.py): nothing scales the learner's loss, and unscaled gradients underflow in float16.
 """
 
 from __future__ import annotations

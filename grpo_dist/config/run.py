@@ -3,7 +3,7 @@ engine (rollout.vllm.*), the learner's ranks and memory (learner.*), and what ea
 reserves (the resource fields and bundle check of the rollout, reward and learner sections);
 and Section, the strict base of every section.
 
-config.py composes these into `Config`; import that from there.
+schema.py composes these into `Config`; import that from there.
 """
 
 from __future__ import annotations

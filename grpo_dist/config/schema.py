@@ -4,7 +4,7 @@ Every setting lives in one `Config`; `load_config` turns YAML recipes plus overr
 as `algo.beta=0.04` (composed by recipes.py) into a validated `Config`, or raises
 `ConfigError` with one message that names the field and the bad value. The sections of
 how the run executes (trainer, cluster, rollout.vllm) and the Section base are in
-run_config.py. Nothing here starts Ray.
+run.py. Nothing here starts Ray.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from grpo_dist.config.run import (ClusterConfig, LearnerConfig, Section, Strateg
                                   check_bundle, node_labels_field, resources_field)
 
 BUILTIN_PREFIX = "builtin:"
-BUILTIN_ROOT = Path(__file__).parent / "tasks" / "assets"
+BUILTIN_ROOT = Path(__file__).parent.parent / "tasks" / "assets"
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
