@@ -19,7 +19,6 @@ the true sum, and the policy has to find out which of its habits pays.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import random
 import time
@@ -29,6 +28,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from grpo_dist.tasks import tiny
+from grpo_dist.tasks.splits import write_splits
 
 ASSET_DIR = Path(__file__).parent / "assets" / "arithmetic"
 ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
@@ -133,10 +133,6 @@ def supervised_step(model: LlamaForCausalLM, optimizer: torch.optim.Optimizer,
     return loss.item()
 
 
-def write_jsonl(path: Path, rows: list[dict]) -> None:
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=ASSET_DIR)
@@ -148,10 +144,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    args.out.mkdir(parents=True, exist_ok=True)
     train_rows, eval_rows = make_splits(args.seed)
-    write_jsonl(args.out / "train.jsonl", train_rows)
-    write_jsonl(args.out / "eval.jsonl", eval_rows)
+    write_splits(args.out, train_rows, eval_rows)
     tokenizer = build_tokenizer()
     started = time.time()
     model = warm_start(

@@ -8,7 +8,6 @@ rewrites grpo_dist/tasks/assets/calculator_sums/; the splits are disjoint by the
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import re
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_dist.agent.examples import CALCULATOR, evaluate
+from grpo_dist.tasks.splits import splits_main
 
 ASSET_DIR = Path(__file__).parent / "assets" / "calculator_sums"
 EXAMPLE = [{"role": "user", "content": "What is 17 + 25?"},
@@ -68,20 +68,8 @@ async def solve(task: dict[str, Any], client: Any) -> dict[str, Any]:
     return {"reward": last_number_is(task["answer"], message.content), "tool_calls": len(calls)}
 
 
-def write_jsonl(path: Path, rows: list[dict]) -> None:
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=Path, default=ASSET_DIR)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    train, held_out = make_splits(args.seed)
-    write_jsonl(args.out / "train.jsonl", train)
-    write_jsonl(args.out / "eval.jsonl", held_out)
-    print(f"wrote {len(train)} training and {len(held_out)} held-out rows to {args.out}")
+    splits_main(__doc__.split("\n")[0], ASSET_DIR, make_splits)
 
 
 if __name__ == "__main__":

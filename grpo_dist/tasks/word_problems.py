@@ -13,10 +13,10 @@ problem shares its operation and both numbers with a training problem, whatever 
 
 from __future__ import annotations
 
-import argparse
-import json
 import random
 from pathlib import Path
+
+from grpo_dist.tasks.splits import splits_main
 
 ASSET_DIR = Path(__file__).parent / "assets" / "word_problems"
 NAMES = ("Tom", "Anna", "Ben", "Lucy", "Sam", "Maria", "Leo", "Emma", "Omar", "Nina", "Jack", "Sofia")
@@ -72,20 +72,8 @@ def make_splits(seed: int = 0, eval_rows: int = 300) -> tuple[list[dict], list[d
     return rows[eval_rows:], rows[:eval_rows]
 
 
-def write_jsonl(path: Path, rows: list[dict]) -> None:
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=Path, default=ASSET_DIR)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    train, held_out = make_splits(args.seed)
-    write_jsonl(args.out / "train.jsonl", train)
-    write_jsonl(args.out / "eval.jsonl", held_out)
-    print(f"wrote {len(train)} training and {len(held_out)} held-out rows to {args.out}")
+    splits_main(__doc__.split("\n")[0], ASSET_DIR, make_splits)
 
 
 if __name__ == "__main__":
