@@ -23,8 +23,8 @@ EXPECTED = {  # what defines each algorithm
     "dr_grpo": {"aggregation": "constant", "advantage_scale": "none", "beta": 0.0},
     "gspo": {"ratio_level": "sequence", "aggregation": "sequence_mean", "clip_low": 3e-4, "clip_high": 4e-4},
 }
-# Multi-turn tasks (env set) refuse what is sized by rollout.max_new_tokens, one turn's limit.
-REFUSED_WITH_ENV = {"dapo": "algo.overlong_buffer", "dr_grpo": "algo.aggregation=constant"}
+# Multi-turn tasks (env or agent set) refuse what is sized by rollout.max_new_tokens, one turn's limit.
+REFUSED_MULTI_TURN = {"dapo": "algo.overlong_buffer", "dr_grpo": "algo.aggregation=constant"}
 
 
 def test_there_are_the_four_recipes_each_naming_its_paper():
@@ -39,8 +39,8 @@ def test_there_are_the_four_recipes_each_naming_its_paper():
 @pytest.mark.parametrize("algo", ALGOS, ids=lambda p: p.stem)
 def test_every_recipe_composes_with_every_task(task, algo):
     alone = load_config(task)
-    if alone.env is not None and algo.stem in REFUSED_WITH_ENV:  # sized by one turn, not by an episode
-        with pytest.raises(ConfigError, match=REFUSED_WITH_ENV[algo.stem]):
+    if alone.episodes is not None and algo.stem in REFUSED_MULTI_TURN:  # sized by one turn, not by an episode
+        with pytest.raises(ConfigError, match=REFUSED_MULTI_TURN[algo.stem]):
             load_config([task, algo])
         return
     composed = load_config([task, algo])
