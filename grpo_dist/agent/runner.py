@@ -53,7 +53,7 @@ class AgentRunner:
         """The chat renderer for a tool list (one per distinct list)."""
         key = json.dumps(tools, sort_keys=True)
         if key not in self.renderers:
-            self.renderers[key] = ChatRenderer(self.tokenizer, tools) if tools else ChatRenderer(self.tokenizer)
+            self.renderers[key] = ChatRenderer(self.tokenizer, tools or None)
         return self.renderers[key]
 
     def run(self, rows: list[dict[str, Any]], sampling: SamplingSettings,
