@@ -32,9 +32,9 @@ def vllm_chat_model(tmp_path_factory):
         load_causal_lm(str(folder), "float32")
 
 
-def assert_engine_saw_the_episodes(played, tokenizer, model, turns: int) -> None:
+def assert_engine_saw_the_episodes(played, tokenizer, model, turns: int, temperature: float = 1.0) -> None:
     """Each episode's ids are the template's rendering of its messages, and its sampler logprobs are
-    a transformers forward pass's on those ids."""
+    a transformers forward pass's on those ids at the sampling temperature."""
     for group in played:
         for episode in group:
             assert (episode.error, episode.stop_reason, episode.turns) == (None, "done", turns)
@@ -43,7 +43,7 @@ def assert_engine_saw_the_episodes(played, tokenizer, model, turns: int) -> None
             whole = list(tokenizer(text, add_special_tokens=False)["input_ids"])
             assert sample.ids == whole[: len(sample.ids)] and sum(sample.loss_mask) >= turns
             ids = torch.tensor([sample.ids])
-            forward, _ = token_logprobs(model, ids, torch.ones_like(ids), temperature=1.0)
+            forward, _ = token_logprobs(model, ids, torch.ones_like(ids), temperature=temperature)
             mask = torch.tensor(sample.loss_mask[1:]).bool()
             torch.testing.assert_close(torch.tensor(sample.logprobs[1:])[mask], forward[0][mask], atol=1e-4, rtol=0)
 
@@ -60,10 +60,11 @@ def test_vllm_episodes_are_the_templates_ids_and_the_engine_saw_exactly_them(vll
 @pytest.mark.slow
 def test_vllm_agent_episodes_through_the_endpoint_are_the_engines_tokens(vllm_chat_model):
     """The agent (agent_helpers.two_turns: a reply, a tool result and a user message, a second reply)
-    through the real openai client: both replies trained as vLLM sampled them, every run alike."""
+    through the real openai client, at temperature 0.7 (off the default): both replies trained as vLLM
+    sampled them, every run alike."""
     engine, tokenizer, model = vllm_chat_model
     runner = AgentRunner(engine, tokenizer, AgentConfig(name="agent_helpers:two_turns", max_episode_tokens=300))
-    sampling, seeds = SamplingSettings(n=2, temperature=1.0, max_new_tokens=6), [prompt_seed(0, 0, i) for i in range(2)]
+    sampling, seeds = SamplingSettings(n=2, temperature=0.7, max_new_tokens=6), [prompt_seed(0, 0, i) for i in range(2)]
     first, second = (runner.run(ROWS, sampling, seeds) for _ in range(2))
-    assert_engine_saw_the_episodes(first, tokenizer, model, turns=2)
+    assert_engine_saw_the_episodes(first, tokenizer, model, turns=2, temperature=0.7)
     assert [e.samples()[0].ids for g in first for e in g] == [e.samples()[0].ids for g in second for e in g]
