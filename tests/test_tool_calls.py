@@ -122,3 +122,12 @@ def test_parser_names_are_checked_and_regex_needs_a_pattern():
         parse_reply("text", "pythonic", ids)
     with pytest.raises(ValueError, match="needs a pattern"):
         parse_reply("text", "regex", ids)
+
+
+def test_the_config_offers_exactly_the_registered_parsers():
+    """agent.tool_parser's choices (what docs/config.md prints) are the parsers tool_calls.py has."""
+    from typing import get_args
+
+    from grpo_dist.agent.config import AgentConfig
+
+    assert set(get_args(AgentConfig.model_fields["tool_parser"].annotation)) == set(PARSERS)
