@@ -69,8 +69,8 @@ def test_environment_tokens_reach_no_loss_and_no_statistic():
     assert metrics["loss/policy"] == pytest.approx(-(advantage * n_1 - advantage * n_2) / (n_1 + n_2), abs=1e-5)
     entropies = [forward[0][1][0, p].item() for p in positions[0]] + [forward[1][1][0, p].item() for p in positions[1]]
     assert metrics["policy/entropy"] == pytest.approx(sum(entropies) / len(entropies), abs=1e-5)
-    assert metrics["rollout/logprob_diff_max"] == pytest.approx(offset, abs=1e-4)  # not 30: the -30s are off the mask
-    assert metrics["rollout/logprob_diff_mean"] == pytest.approx(offset, abs=1e-4)
+    assert metrics["rollout/logprob_diff_abs_max"] == pytest.approx(offset, abs=1e-4)  # not 30: the -30s are off the mask
+    assert metrics["rollout/logprob_diff_abs_mean"] == pytest.approx(offset, abs=1e-4)
     # k3 of KL(sampler || learner), log pi_learner - log pi_sampler = -offset on every token in the loss
     assert metrics["rollout/mismatch_kl"] == pytest.approx(math.exp(-offset) + offset - 1, rel=2e-3)
     assert metrics["policy/ratio_max"] == pytest.approx(1.0, abs=1e-6)

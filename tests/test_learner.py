@@ -33,7 +33,7 @@ def test_old_logprobs_are_the_sampling_policy_in_both_paths(groups, overrides, p
     learner = make_learner(*overrides)
     metrics = learner.train_step(groups)
     # pi_old (reused from the grad pass, or recomputed) equals the sampler's logprobs
-    assert metrics["rollout/logprob_diff_max"] < 1e-4
+    assert metrics["rollout/logprob_diff_abs_max"] < 1e-4
     if passes == 1:  # the only step runs at pi_old itself: every ratio is exactly 1
         assert metrics["policy/ratio_min"] == metrics["policy/ratio_max"] == 1.0
     else:  # later minibatches and the second pass run on updated weights
@@ -125,7 +125,7 @@ def test_bfloat16_learner_computes_like_a_bfloat16_engine(groups):
     engine = AutoModelForCausalLM.from_pretrained(resolve_path("builtin:arithmetic/model"), dtype=torch.bfloat16)
     assert learner.checksum() == state_checksum(engine.state_dict())
     metrics = learner.train_step(groups)  # sampled in float32: pi_old differs by bf16 rounding only
-    assert metrics["rollout/logprob_diff_mean"] < 0.05
+    assert metrics["rollout/logprob_diff_abs_mean"] < 0.05
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -135,7 +135,7 @@ def test_both_engines_serve_the_bfloat16_weights_the_learner_exports(engine):
     learner = Learner(config.model, config.algo, config.learner, config.rollout, seed=0)
     assert worker.checksum() == learner.checksum()  # both loaded the float32 checkpoint as bfloat16
     metrics = learner.train_step(scored_groups(config, worker=worker))
-    assert metrics["rollout/logprob_diff_mean"] < 0.01, metrics  # bf16 kernels of two engines
+    assert metrics["rollout/logprob_diff_abs_mean"] < 0.01, metrics  # bf16 kernels of two engines
     assert worker.load_weights(learner.export_weights(), version=1) == learner.checksum()
     groups = scored_groups(config, worker=worker, seed=7)  # sampled by the updated weights
     diffs = torch.tensor([abs(a - b) for group, scored in zip(groups, learner.logprobs(groups))

@@ -20,7 +20,8 @@ from grpo_dist.learner.distributed import DataParallel
 from grpo_dist.learner.sharded import full
 from grpo_dist.weights.checksum import state_checksum
 from grpo_dist.weights.nccl import NcclSync
-from learner_helpers import learner_group, make_config, make_learner, masters, metric_tolerance, scored_groups
+from learner_helpers import (PROBLEMS, learner_group, make_config, make_learner, masters, metric_tolerance,
+                             scored_groups)
 
 COMMON = ["algo.beta=0.1", "rollout.temperature=0.7", "learner.micro_batch_size=3", "learner.num_cpus=0.5",
           "learner.sharding=fsdp"]
@@ -67,7 +68,7 @@ def unsharded(overrides):
     return [item for item in overrides if not item.startswith(("learner.sharding=", "learner.offload="))]
 
 
-def assert_one_rank_update(groups, overrides, ranks, atol=1e-5, **step):
+def assert_one_rank_update(groups, overrides, ranks, atol=1e-5, logprob_atol=1e-5, bucket_bytes=1 << 20, **step):
     """K fsdp ranks' masters after one train_step equal one unsharded rank's within atol, and
     their metrics its metrics; every rank holds a shard (about 1/K of the parameters); before
     the step both give the same logprobs and serve the same weights (model.path's), checksum
@@ -76,7 +77,7 @@ def assert_one_rank_update(groups, overrides, ranks, atol=1e-5, **step):
     with learner_group(overrides, ranks) as group:
         got = ray.get(group.logprobs.remote(groups[:1]))  # a no-grad pass on every rank, then a checksum
         for got_rows, want_rows in zip(got[0], single.logprobs(groups[:1])[0]):
-            assert got_rows == pytest.approx(want_rows, abs=1e-5)
+            assert got_rows == pytest.approx(want_rows, abs=logprob_atol)
         assert ray.get(group.checksum.remote()) == single.checksum()
         expected = single.train_step(groups, **step)
         on_every_rank(group, use_sgd)
@@ -89,7 +90,7 @@ def assert_one_rank_update(groups, overrides, ranks, atol=1e-5, **step):
         for key in ("loss/total", "loss/kl", "policy/entropy", "policy/clip_fraction", "policy/ratio_max",
                     "policy/grad_norm"):
             assert metrics[key] == pytest.approx(expected[key], rel=metric_tolerance(key), abs=1e-6), key
-        served = assert_published_bucket_by_bucket(group)
+        served = assert_published_bucket_by_bucket(group, bucket_bytes)
         want = single.export_weights()  # LoRA: merged; the same names, dtypes and values within a rounding
         assert served.keys() == want.keys()
         for name, tensor in served.items():
@@ -118,6 +119,17 @@ def test_fsdp_ranks_give_the_one_rank_update(ray_cluster, groups, ranks, case):
     """Sharded masters, FSDP's float32 reduce-scatter (summed, the global D) and padded micro-batches
     give one rank's update for each aggregation, GSPO with LoRA, and gradient checkpointing."""
     assert_one_rank_update(groups, [*COMMON, *CASES[case]], ranks)
+
+
+@pytest.mark.slow
+def test_two_fsdp_ranks_give_the_one_rank_update_on_the_real_model(ray_cluster, real_model):
+    """SmolLM2-135M-Instruct (134.5M parameters, tied embeddings, GQA) in float32: the same checks
+    as above, on 2 prompts x 4 completions of up to 8 tokens. Its 30 layers add up more rounding
+    between the ranks' batch shapes and one rank's than the tiny model's: logprobs 2.5e-5 apart
+    before the step (measured)."""
+    overrides = [*COMMON, f"model.path={real_model}", "rollout.max_new_tokens=8"]
+    groups = scored_groups(make_config(*unsharded(overrides)), problems=PROBLEMS[:2])
+    assert_one_rank_update(groups, overrides, 2, logprob_atol=1e-4, bucket_bytes=64 << 20)
 
 
 @pytest.mark.slow

@@ -185,7 +185,7 @@ def test_two_ranks_give_the_one_rank_update(ray_cluster, groups, case):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
     assert all(torch.equal(a, b) for a, b in zip(*per_rank))  # the ranks stay bit-identical
     for key in ("loss/total", "loss/policy", "loss/kl", "policy/entropy", "policy/clip_fraction",
-                "policy/ratio_min", "policy/ratio_max", "policy/grad_norm", "rollout/logprob_diff_mean"):
+                "policy/ratio_min", "policy/ratio_max", "policy/grad_norm", "rollout/logprob_diff_abs_mean"):
         assert metrics[key] == pytest.approx(expected[key], rel=metric_tolerance(key), abs=1e-6), key
 
 

@@ -35,12 +35,12 @@ def max_weight_difference(a: Path, b: Path) -> float:
     return max((left[name] - right[name]).abs().max().item() for name in left)
 
 
-def kill_9_after(step: int, run_dir: Path, *args: str) -> None:
+def kill_9_after(step: int, run_dir: Path, *args: str, timeout: float = 180) -> None:
     """Launch into `run_dir` with `args`; kill -9 its process group once the checkpoint of `step`
-    is complete."""
+    is complete (within `timeout` seconds)."""
     run = start(*args, f"trainer.output_dir={run_dir.parent}", f"trainer.run_name={run_dir.name}")
     try:
-        wait_for(lambda: (run_dir / "checkpoints" / f"step_{step:06d}" / "COMPLETE").is_file(), run)
+        wait_for(lambda: (run_dir / "checkpoints" / f"step_{step:06d}" / "COMPLETE").is_file(), run, timeout)
         os.killpg(run.pid, signal.SIGKILL)  # kill -9 of the driver's process group, a step or two later
         assert run.wait(timeout=30) == -signal.SIGKILL  # (reaped here: kill_session would reap it unseen)
     finally:

@@ -133,8 +133,8 @@ def sampler_agreement(mask: torch.Tensor, sampler_logprobs: torch.Tensor, learne
     diff = (sampler_logprobs - learner_logprobs)[valid].abs()
     mismatch = grpo.kl_k3(sampler_logprobs, learner_logprobs)[valid]
     weights = grpo.importance_weight_stats(learner_logprobs, sampler_logprobs, mask, tis_cap)
-    return {"rollout/logprob_diff_mean": diff.mean().item() if diff.numel() else 0.0,
-            "rollout/logprob_diff_max": diff.max().item() if diff.numel() else 0.0,
+    return {"rollout/logprob_diff_abs_mean": diff.mean().item() if diff.numel() else 0.0,
+            "rollout/logprob_diff_abs_max": diff.max().item() if diff.numel() else 0.0,
             "rollout/mismatch_kl": mismatch.mean().item() if mismatch.numel() else 0.0,
             **{f"rollout/{name}": value for name, value in weights.items()}}
 
