@@ -62,7 +62,7 @@ def test_a_chunk_sampled_by_other_weights_is_generated_again_after_the_current_w
     assert scored.metrics["rollout/dropped_stale"] == 4.0  # groups
     assert trainer.loop.counters["rollout/retries"] == retries + 2  # chunks
     assert {g.policy_version for chunk in ray.get(scored.group_refs) for g in chunk} == {1}
-    trainer.supervisor.verify_through(trainer.loop.version)  # the repair's push: the learner's weights, verified
+    trainer.publisher.verify_through(trainer.loop.version)  # the repair's push: the learner's weights, verified
     assert not trainer.publisher.pending and trainer.loop.counters["rollout/restarts"] == 0  # no process died
 
 
@@ -179,4 +179,4 @@ def test_a_generate_past_the_timeout_is_a_hung_worker_killed_and_its_chunk_gener
     assert counters["rollout/hangs"] == hangs + 1 and counters["rollout/restarts"] == restarts + 1
     assert ray.get(worker.__ray_call__.remote(lambda _: os.getpid())) != pid  # killed; Ray started it again
     assert scored.versions == [trainer.loop.version] * len(scored.versions)  # its chunks: sampled by the right weights
-    trainer.supervisor.verify_through(trainer.loop.version)  # the repair's push: the learner's weights, verified
+    trainer.publisher.verify_through(trainer.loop.version)  # the repair's push: the learner's weights, verified
