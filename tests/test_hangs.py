@@ -10,10 +10,8 @@ import pytest
 import ray
 
 from grpo_dist.controller.actors import LearnerWatch
-from grpo_dist.controller.publish import WeightPublisher
 from grpo_dist.controller.recovery import Supervisor
 from grpo_dist.common.waits import ActorLost, CallTimeout, fetch_each
-from grpo_dist.weights import ObjectStoreSync
 
 
 @ray.remote(max_restarts=2, max_task_retries=0, num_cpus=0)
@@ -49,8 +47,7 @@ def test_the_supervisor_kills_the_frozen_actor_alone_and_ray_restarts_it(ray_clu
     actors = [Sleeper.remote(), Sleeper.remote()]
     pids = ray.get([a.pid.remote() for a in actors])
     watch = LearnerWatch(learner, 30)
-    no_rollouts = WeightPublisher(ObjectStoreSync(learner, []), watch, [], verify=False, timeout_s=30)
-    supervisor = Supervisor({"reward": actors}, watch, no_rollouts, max_restarts=2, start_timeout_s=60)
+    supervisor = Supervisor({"reward": actors}, watch, max_restarts=2, start_timeout_s=60)
     os.kill(pids[1], signal.SIGSTOP)
     try:
         assert supervisor.kill_unresponsive("evaluation: not done after 8 s", grace_s=3)

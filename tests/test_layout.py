@@ -75,3 +75,23 @@ def test_no_library_module_imports_a_command_line():
 @pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(PACKAGE)))
 def test_no_module_is_longer_than_a_reader_holds(path):
     assert len(path.read_text().splitlines()) <= MAX_LINES
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every module `start` imports, directly or through others."""
+    seen, todo = set(), [start]
+    while todo:
+        for name in graph.get(todo.pop(), set()) - seen:
+            seen.add(name)
+            todo.append(name)
+    return seen
+
+
+def test_failure_handling_never_calls_the_publisher_back():
+    """The Supervisor (recovery.py) and Retry (retry.py) get actors back and return the rollout workers
+    that need weights; the WeightPublisher repairs them. Neither reaches publish.py, and LearnerWatch
+    (actors.py) reaches neither: no circle of calls among the Supervisor, the publisher and LearnerWatch."""
+    graph = import_graph()
+    publish, recovery, retry = (f"grpo_dist.controller.{name}" for name in ("publish", "recovery", "retry"))
+    assert publish not in reachable(graph, recovery) | reachable(graph, retry)
+    assert not {publish, recovery, retry} & reachable(graph, "grpo_dist.controller.actors")

@@ -13,7 +13,9 @@ import ray
 from conftest import small_config
 from grpo_dist.controller.errors import ChunkFailed
 from grpo_dist.common.seeding import prompt_seed
+from grpo_dist.controller.evaluator import Evaluator
 from grpo_dist.controller.run import TrainingRun
+from grpo_dist.observe.metrics import MetricsLog
 
 GROUP = 4
 
@@ -62,7 +64,7 @@ def test_a_chunk_sampled_by_other_weights_is_generated_again_after_the_current_w
     assert scored.metrics["rollout/dropped_stale"] == 4.0  # groups
     assert trainer.loop.counters["rollout/retries"] == retries + 2  # chunks
     assert {g.policy_version for chunk in ray.get(scored.group_refs) for g in chunk} == {1}
-    trainer.supervisor.verify_through(trainer.loop.version)  # the repair's push: the learner's weights, verified
+    trainer.publisher.verify_through(trainer.loop.version)  # the repair's push: the learner's weights, verified
     assert not trainer.publisher.pending and trainer.loop.counters["rollout/restarts"] == 0  # no process died
 
 
@@ -179,4 +181,29 @@ def test_a_generate_past_the_timeout_is_a_hung_worker_killed_and_its_chunk_gener
     assert counters["rollout/hangs"] == hangs + 1 and counters["rollout/restarts"] == restarts + 1
     assert ray.get(worker.__ray_call__.remote(lambda _: os.getpid())) != pid  # killed; Ray started it again
     assert scored.versions == [trainer.loop.version] * len(scored.versions)  # its chunks: sampled by the right weights
-    trainer.supervisor.verify_through(trainer.loop.version)  # the repair's push: the learner's weights, verified
+    trainer.publisher.verify_through(trainer.loop.version)  # the repair's push: the learner's weights, verified
+
+
+def test_an_evaluation_during_which_an_engine_hangs_is_evaluated_again_after_its_restart(trainer, tmp_path, capsys):
+    """An evaluation waits through Retry too: its late call names no actor, so the actors that do not
+    answer are killed (Ray restarts them, counted as a hang), the publisher repairs the rollout
+    worker, and the evaluation runs again and ends. (After the driver-memory test: a restart.)"""
+    worker = trainer.actors.rollouts[0]
+    busy = worker.__ray_call__.remote(lambda _: time.sleep(120))  # worker 0 hangs
+    hangs = trainer.loop.counters["rollout/hangs"]
+    config = trainer.config.model_copy(deep=True)
+    config.trainer.call_timeout_s = 10.0
+    evaluator = Evaluator(config, trainer.loop.cursor.next_batch(2), trainer.actors.rollouts, trainer.actors.rewards,
+                          trainer.publisher.retry, trainer.publisher)
+    accuracy = evaluator.evaluate(5, MetricsLog(tmp_path, config))
+    try:
+        ray.get(busy, timeout=60)
+        killed = False
+    except ray.exceptions.RayActorError:
+        killed = True
+    del busy
+    assert killed and 0.0 <= accuracy <= 1.0
+    assert trainer.loop.counters["rollout/hangs"] == hangs + 1
+    assert "the actors that hung were restarted; evaluating again" in capsys.readouterr().out
+    trainer.publisher.verify_through(trainer.loop.version)  # the repair's push: the learner's weights, verified
+    trainer.publisher.verify_all()  # the restarted engine serves the learner's weights, not model.path's

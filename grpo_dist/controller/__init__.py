@@ -9,12 +9,15 @@
     pipeline.py       a step's prompts in chunks, rollout -> reward -> learner, by reference
     dynamic.py        DAPO's dynamic sampling: rounds until a step holds enough informative groups
     publish.py        publishing each policy version to the engines and verifying what they serve
-    recovery.py       the Supervisor: restarted actors counted and caught up, chunks sent again
+    retry.py          Retry: every wait on a rollout or reward call; failed ones' actors got back
+    recovery.py       the Supervisor: actors restarted, hung ones killed, both counted
     checkpoints.py    run checkpoints written atomically, resumes checked and restored
     signals.py        SIGINT/SIGTERM: finish the step, save, stop
     errors.py         what ends a run, and with which exit code
 
-Data flows one way: the loop drives the pipeline, the pipeline asks the supervisor to revive
-an actor, the supervisor asks the publisher to repair a worker's weights. No file here imports
-a command line (launch.py, eval.py, report.py).
+Data flows one way: the loop drives the pipeline; the pipeline, the evaluator and the publisher
+wait through Retry, which gets the failed calls' actors back (through the Supervisor) and returns
+the rollout workers that need weights; the caller has the publisher repair them and sends again.
+The Supervisor never calls the publisher (tests/test_layout.py). No file here imports a command
+line (launch.py, eval.py, report.py).
 """

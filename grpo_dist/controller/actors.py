@@ -21,6 +21,7 @@ from grpo_dist.learner.group import start_learner
 from grpo_dist.reward.worker import RewardWorker
 from grpo_dist.rollout.worker import RolloutWorker
 from grpo_dist.common.waits import ActorLost, cause_line, fetch, first_line, timeout_error
+from grpo_dist.weights import WeightSync
 
 # Runtime environment of the rollout and reward actors: every return value is put in the
 # object store (the threshold under which Ray inlines it into the caller is 0 bytes), so the
@@ -131,8 +132,9 @@ class LearnerWatch:
     """Waits on the learner's calls, at most trainer.call_timeout_s each. Its death is LearnerLost,
     an exception inside it RunFailed, both naming the stage and the step in progress."""
 
-    def __init__(self, actor: Any, timeout_s: float) -> None:
-        self.actor, self.timeout_s = actor, timeout_s
+    def __init__(self, actor: Any, timeout_s: float, transport: WeightSync | None = None) -> None:
+        """`transport`: the weights' (its export in flight is the learner's work: `check_exported`)."""
+        self.actor, self.timeout_s, self.transport = actor, timeout_s, transport
         self.step = 0  # the step in progress, or the last one done (for the messages)
 
     def call(self, ref: ray.ObjectRef, stage: str) -> Any:
@@ -149,3 +151,14 @@ class LearnerWatch:
         state, _ = actor_state(self.actor)
         if state == "DEAD":
             raise LearnerLost(f"the learner died at step {self.step} (its actor is DEAD)")
+
+    def check_exported(self) -> None:
+        """The learner's CallTimeout when its latest weight export (object store transport), which
+        a rollout worker's load waits for, is not done within `timeout_s`: then a late rollout call
+        is the frozen learner's doing, and killing the worker would not help (its restart waits on
+        the same learner). A broadcast has no export of its own to wait on: nothing to check."""
+        exported = self.transport.export_in_flight() if self.transport is not None else None
+        if exported is not None:
+            ready, _ = ray.wait([exported], timeout=self.timeout_s, fetch_local=False)
+            if not ready:
+                raise timeout_error([exported], ["learner: export_weights"], [exported], self.timeout_s)

@@ -47,7 +47,8 @@ from grpo_dist.controller.evaluator import Evaluator
 from grpo_dist.controller.overlap import LearnerFeed
 from grpo_dist.controller.pipeline import Batch, RolloutPipeline, ScoredBatch
 from grpo_dist.controller.publish import WeightPublisher
-from grpo_dist.controller.recovery import RESTART_COUNTERS, Supervisor
+from grpo_dist.controller.recovery import RESTART_COUNTERS
+from grpo_dist.controller.retry import Retry
 from grpo_dist.controller.signals import StopRequest
 from grpo_dist.observe.metrics import MetricsLog
 from grpo_dist.rollout.sampling import sampling_settings
@@ -65,18 +66,19 @@ class StepLoop:
     `rollout(...)`, and `pipeline`, `cursor`, `sampling`, `in_flight`, `submitted`, `version`.
     """
 
-    def __init__(self, config: Config, start: StartPoint, actors: Actors, supervisor: Supervisor,
+    def __init__(self, config: Config, start: StartPoint, actors: Actors, retry: Retry,
                  publisher: WeightPublisher, learner_watch: LearnerWatch, evaluator: Evaluator,
                  checkpointer: Checkpointer, timeline: Timeline, stop_request: StopRequest) -> None:
         self.config, self.timeline, self.stop_request = config, timeline, stop_request
-        self.supervisor, self.publisher, self.learner_watch = supervisor, publisher, learner_watch
+        self.publisher, self.learner_watch = publisher, learner_watch
+        self.counters = retry.supervisor.counters  # run totals: restarts, retries (recovery.py), bad steps in a row
         self.evaluator, self.checkpointer = evaluator, checkpointer
         trainer, algo = config.trainer, config.algo
         self.max_staleness = trainer.max_staleness if trainer.mode == "async" else 0
         self.sampling = sampling_settings(config.rollout)
         self.first_step, self.cursor = start.first_step, start.cursor
         self.redraw: deque[Drawn] = start.redraw  # drawn, not trained (a resume's): go first
-        self.pipeline = RolloutPipeline(actors.rollouts, actors.rewards, supervisor, seed=trainer.seed,
+        self.pipeline = RolloutPipeline(actors.rollouts, actors.rewards, retry, publisher, seed=trainer.seed,
                                         chunk_prompts=config.rollout.chunk_prompts, timeout_s=trainer.call_timeout_s,
                                         informative_only=algo.dynamic_sampling)
         # collect(batch, version): the pipeline's, or dynamic sampling's rounds on top of it (dynamic.py)
@@ -93,11 +95,6 @@ class StepLoop:
     def version(self) -> int:
         """The learner's policy version: the latest one pushed to the engines."""
         return self.publisher.version
-
-    @property
-    def counters(self) -> dict[str, float]:
-        """Run totals: restarts, retries (recovery.py) and bad steps in a row; kept in checkpoints."""
-        return self.supervisor.counters
 
     def train(self, log: MetricsLog, started: float) -> int:
         """Steps first_step..trainer.steps, or until a stop; returns the last step done."""
@@ -138,7 +135,7 @@ class StepLoop:
         if self.stop_request.signum is not None:
             log.note(f"stopped by {signal.Signals(self.stop_request.signum).name} after step {step}")
         self.discard_in_flight()
-        self.supervisor.verify_through(self.version)
+        self.publisher.verify_through(self.version)
         return step
 
     def step(self, step: int) -> dict[str, float]:
@@ -147,11 +144,11 @@ class StepLoop:
         self.learner_watch.step = step
         self.step_clock = self.step_clock or time.perf_counter()
         counted = {name: self.counters[name] for name in RESTART_COUNTERS}
-        self.supervisor.catch_up()
+        self.publisher.catch_up()
         self.fill(step + self.max_staleness)  # (only the first step has anything to fill here)
         batch = self.in_flight.popleft()
         scored = self.collector.collect(batch, self.version)
-        self.supervisor.verify_through(max(scored.versions))  # the weights that sampled it had arrived
+        self.publisher.verify_through(max(scored.versions))  # the weights that sampled it had arrived
         depth = self.pipeline.buffer_depth([batch, *self.in_flight], self.config.rollout.prompts_per_step)
         self.latest = scored
         result = None  # dynamic sampling may find no informative group: no update, no new version, no push

@@ -18,20 +18,21 @@ each engine takes new weights between two of its calls, and every chunk, one eng
 is sampled by one version: the chunk's `version`, recorded when it is submitted. The
 staleness of a batch is thus decided when it is submitted, within `max_staleness`.
 
-Failures (recovery.py). `collect` checks every chunk against what its engine reports. A
-chunk sampled by a version other than its own (a worker that died and was restarted, with
-the initial weights, between two calls) is dropped (`rollout/dropped_stale` counts its
-groups); a chunk whose generate call failed (its worker died) is lost. Either way the
-supervisor gives that worker the current weights (`Supervisor.revive`), and the chunk is
-generated again there, same prompts and seeds, sampled by the current version
-(`rollout/retries`). A chunk whose scoring failed (its reward actor died) is scored again
-(`reward/retries`). A chunk is the unit that can be sent again to any worker (`launch`); one
-sent again more than cluster.max_restarts + 1 times stops the run (ChunkFailed).
+Failures (retry.py, recovery.py). `collect` waits through `Retry` and checks every chunk
+against what its engine reports. A chunk sampled by a version other than its own (a worker
+that died and was restarted, with the initial weights, between two calls) is dropped
+(`rollout/dropped_stale` counts its groups); a chunk whose generate call failed (its worker
+died) is lost. Either way Retry gets that worker back, the publisher gives it the current
+weights (`WeightPublisher.repair`), and the chunk is generated again there, same prompts and
+seeds, sampled by the current version (`rollout/retries`). A chunk whose scoring failed (its
+reward actor died) is scored again (`reward/retries`). A chunk is the unit that can be sent
+again to any worker (`launch`); one sent again more than cluster.max_restarts + 1 times stops
+the run (ChunkFailed).
 
 Every wait is bounded by `trainer.call_timeout_s` (waits.py). A chunk whose generation runs
-past it hangs: the supervisor kills its worker (Ray restarts it, `rollout/hangs`) and the
-chunk is generated again as after a death. A late scoring may wait on a hung engine: the
-supervisor kills whichever actors do not answer (recovery.py), then it is waited for again.
+past it hangs: its worker is killed (Ray restarts it, `rollout/hangs`) and the chunk is
+generated again as after a death. A late scoring may wait on a hung engine: whichever actors
+do not answer are killed (Retry's `probe`), then it is waited for again.
 
 Dynamic sampling (dynamic.py) collects a step in rounds: with `informative_only` the reward
 actors pass on only the groups that carry a gradient and count them; `submit(..., after=)`
@@ -46,12 +47,13 @@ from typing import Any, TypeVar
 
 import ray
 
-from grpo_dist.controller.recovery import Supervisor
+from grpo_dist.controller.publish import WeightPublisher
+from grpo_dist.controller.retry import Call, Retry
 from grpo_dist.env.runner import env_metrics
 from grpo_dist.reward.chunk_stats import batch_metrics, every_sample_failed
 from grpo_dist.common.seeding import prompt_seed
 from grpo_dist.common.types import Prompt, SamplingSettings
-from grpo_dist.common.waits import ActorLost, CallTimeout, ObjectLost, fetch_each, first_line
+from grpo_dist.common.waits import ObjectLost
 
 T = TypeVar("T")
 
@@ -134,17 +136,16 @@ class ScoredBatch:
 class RolloutPipeline:
     """Submits chunks to the rollout and reward actors and collects what the driver needs.
 
-    The `supervisor` (recovery.py) answers a lost or wrongly sampled chunk: it makes rollout
-    worker `index` serve the current weights (its push queued before anything sent after it)
-    and says which version that is, or waits until reward actor `index` is back; it counts
-    every chunk sent again.
+    A lost, hung or wrongly sampled chunk: `retry` (retry.py) gets its actor back and returns the
+    rollout workers that need weights; the `publisher` repairs them (the push queued before
+    anything sent after it) and says which version that is; the chunk is sent again, counted.
     """
 
-    def __init__(self, rollouts: list[Any], rewards: list[Any], supervisor: Supervisor, *, seed: int,
-                 chunk_prompts: int, timeout_s: float, informative_only: bool = False) -> None:
+    def __init__(self, rollouts: list[Any], rewards: list[Any], retry: Retry, publisher: WeightPublisher, *,
+                 seed: int, chunk_prompts: int, timeout_s: float, informative_only: bool = False) -> None:
         """`informative_only` (dynamic sampling): the reward actors pass on only the groups
         whose rewards are not all equal, and count them in their stats (dynamic.py)."""
-        self.rollouts, self.rewards, self.supervisor = rollouts, rewards, supervisor
+        self.rollouts, self.rewards, self.retry, self.publisher = rollouts, rewards, retry, publisher
         self.seed, self.chunk_prompts, self.timeout_s = seed, chunk_prompts, timeout_s
         self.informative_only = informative_only
 
@@ -191,30 +192,25 @@ class RolloutPipeline:
 
     def generation_infos(self, chunks: list[Chunk]) -> tuple[list[dict[str, float]], int]:
         """Each chunk's generation info, once it is sampled by its version: lost, hung and wrongly
-        sampled chunks are generated again by their worker, revived first (a hung one killed)."""
+        sampled chunks are generated again by their worker, got back first (Retry, a hung one killed)."""
         infos: list[Any] = [None] * len(chunks)
         dropped, pending = 0, list(range(len(chunks)))
         while pending:
-            names = [chunks[i].stage_names()[0] for i in pending]
-            again, hung = [], {}
-            values = fetch_each([chunks[i].info for i in pending], names, self.timeout_s, late_ok=True)
-            for i, info in zip(pending, values):
-                infos[i] = info
-                if isinstance(info, CallTimeout):
-                    hung.setdefault(chunks[i].worker, first_line(info))
-                    again.append((i, first_line(info)))
-                elif isinstance(info, (ActorLost, ObjectLost)):
-                    again.append((i, first_line(info)))
+            waited = self.retry.wait([Call(chunks[i].info, chunks[i].stage_names()[0], ("rollout", chunks[i].worker))
+                                      for i in pending], self.timeout_s)
+            again, stale = [], []
+            for position, i in enumerate(pending):
+                infos[i] = info = waited.values[position]
+                if position in waited.again:
+                    again.append((i, waited.again[position]))
                 elif info["policy_version"] != chunks[i].version:
                     dropped += len(chunks[i].prompts)
+                    stale.append(("rollout", chunks[i].worker))
                     again.append((i, f"sampled by policy version {info['policy_version']:.0f}, not {chunks[i].version}"))
-            for worker, why in hung.items():
-                self.supervisor.kill_hung("rollout", worker, why)
-            current = {worker: self.supervisor.revive("rollout", worker)
-                       for worker in sorted({chunks[i].worker for i, _ in again})}
+            version = self.publisher.repair(sorted({*waited.needs_weights, *self.retry.get_back(stale)}))
             for i, why in again:
                 self.count_retry(chunks[i], "rollout", why)
-                chunks[i].version = current[chunks[i].worker]
+                chunks[i].version = version
                 self.launch(chunks[i], chunks[i].worker)
             pending = [i for i, _ in again]
         return infos, dropped
@@ -223,36 +219,33 @@ class RolloutPipeline:
         """Each chunk's scoring stats; a chunk whose reward actor died is scored again there, one
         whose groups were lost with their node is generated again (same prompts and seeds). A late
         one: the actors that hung (an engine whose output a reward call waits for, or the reward
-        actor) are killed and revived (Supervisor.kill_unresponsive), then it is waited for again;
-        CallTimeout when every actor answers (the call is slow, not hung)."""
+        actor) are killed and revived (Retry's `probe`), then it is waited for again; CallTimeout
+        when every actor answers (the call is slow, not hung)."""
         stats: list[Any] = [None] * len(chunks)
         pending = list(range(len(chunks)))
         while pending:
-            names = [chunks[i].stage_names()[1] for i in pending]
-            values = fetch_each([chunks[i].stats for i in pending], names, self.timeout_s, late_ok=True)
-            for i, stat in zip(pending, values):
-                stats[i] = stat
-            late = [i for i in pending if isinstance(stats[i], CallTimeout)]
-            if late and not self.supervisor.kill_unresponsive(first_line(stats[late[0]]), self.timeout_s):
-                raise stats[late[0]]
-            lost = [i for i in pending if isinstance(stats[i], ActorLost)]
-            for reward in sorted({chunks[i].reward for i in lost}):
-                self.supervisor.revive("reward", reward)
-            for i in lost:
-                self.count_retry(chunks[i], "reward", first_line(stats[i]))
-                self.score(chunks[i])
-            gone = [i for i in pending if isinstance(stats[i], ObjectLost)]  # its groups died with their node
-            for i in gone:
-                self.count_retry(chunks[i], "rollout", first_line(stats[i]))
-                chunks[i].version = self.supervisor.revive("rollout", chunks[i].worker)
-                self.launch(chunks[i], chunks[i].worker)
-            pending = [*late, *lost, *gone]
+            waited = self.retry.wait([Call(chunks[i].stats, chunks[i].stage_names()[1], ("reward", chunks[i].reward),
+                                           source=("rollout", chunks[i].worker)) for i in pending],
+                                     self.timeout_s, late="probe")
+            version = self.publisher.repair(waited.needs_weights)
+            for position, i in enumerate(pending):
+                stats[i] = waited.values[position]
+            for position, why in waited.again.items():
+                i = pending[position]
+                if isinstance(stats[i], ObjectLost):  # its groups died with their node: generated again
+                    self.count_retry(chunks[i], "rollout", why)
+                    chunks[i].version = version
+                    self.launch(chunks[i], chunks[i].worker)
+                else:  # its reward actor died: scored again
+                    self.count_retry(chunks[i], "reward", why)
+                    self.score(chunks[i])
+            pending = [pending[position] for position in [*waited.late, *waited.again]]
         return stats
 
     def count_retry(self, chunk: Chunk, role: str, why: str) -> None:
-        """One more attempt of `chunk` (ChunkFailed past the bound: Supervisor.count_retry)."""
+        """One more attempt of `chunk` (ChunkFailed past the bound: Retry.count_retry)."""
         chunk.retries += 1
-        self.supervisor.count_retry(role, chunk.retries, chunk.stage_names()[role == "reward"], why)
+        self.retry.count_retry(role, chunk.retries, chunk.stage_names()[role == "reward"], why)
 
     def collect(self, batch: Batch, learner_version: int) -> ScoredBatch:
         """Wait until the batch is scored, sending lost and wrongly sampled chunks again."""

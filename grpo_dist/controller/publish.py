@@ -6,6 +6,10 @@ and before those sent after (Ray's per-caller actor ordering), so every chunk su
 samples the new version. With trainer.verify_weight_sync each push leaves a `PendingCheck`:
 the checksum each worker will serve and the learner's own. The loop checks them once a chunk
 sampled by that version is in (`verify_through`), so the check costs no wait of its own.
+
+A worker that died or hung before it served a push is got back by `Retry` (retry.py), which
+returns the workers that need weights; the publisher repairs them (`repair`: the current
+weights again, always verified).
 """
 
 from __future__ import annotations
@@ -17,8 +21,8 @@ from typing import Any
 import ray
 
 from grpo_dist.controller.actors import LearnerWatch
-from grpo_dist.common.waits import (ActorLost, CallTimeout, ObjectLost, cause_line, fetch, fetch_each, first_line,
-                             timeout_error)
+from grpo_dist.controller.retry import Retry
+from grpo_dist.common.waits import ActorLost, CallTimeout, ObjectLost, cause_line, fetch, fetch_each, first_line
 from grpo_dist.weights import WeightSync
 from grpo_dist.weights.errors import WeightSyncError
 
@@ -36,11 +40,12 @@ class PendingCheck:
 class WeightPublisher:
     """Sends the learner's weights to the rollout workers and checks what they serve."""
 
-    def __init__(self, transport: WeightSync, learner_watch: LearnerWatch, rollouts: list[Any], *, verify: bool,
-                 timeout_s: float, version: int = 0) -> None:
+    def __init__(self, transport: WeightSync, learner_watch: LearnerWatch, rollouts: list[Any], retry: Retry, *,
+                 verify: bool, timeout_s: float, version: int = 0) -> None:
         """`version`: the policy version the learner holds now (a resumed run's); `timeout_s`
-        bounds each wait on a worker (trainer.call_timeout_s)."""
-        self.transport, self.learner_watch, self.rollouts = transport, learner_watch, rollouts
+        bounds each wait on a worker (trainer.call_timeout_s); `retry` gets back a worker that
+        died or hung before it served a push."""
+        self.transport, self.learner_watch, self.rollouts, self.retry = transport, learner_watch, rollouts, retry
         self.verify, self.timeout_s = verify, timeout_s
         self.version = version  # the latest version pushed (the learner's)
         self.pushes = 0  # pushes so far, regular and repairs: the serial number of the latest
@@ -57,21 +62,36 @@ class WeightPublisher:
             self.pending.append(PendingCheck(version, self.pushes, dict(enumerate(served)),
                                              self.learner_watch.actor.checksum.remote()))
 
-    def repair(self, index: int) -> None:
-        """Queue the current weights on rollout worker `index` (restarted; a broadcast transport
-        sends them to every worker); always verified."""
-        served = self.transport.repair([index], self.version)
-        self.pushes += 1
-        for worker in served:
-            self.repaired[worker] = self.pushes
-        expected = self.learner_watch.actor.checksum.remote()
-        self.pending.append(PendingCheck(self.version, self.pushes, served, expected))
+    def repair(self, workers: list[int]) -> int:
+        """Queue the current weights on each of these rollout workers (restarted, or sampling with
+        other weights; a broadcast transport sends them to every worker), one push each, always
+        verified. Returns the version they will serve: what is sent to them after it samples."""
+        for index in workers:
+            served = self.transport.repair([index], self.version)
+            self.pushes += 1
+            for worker in served:
+                self.repaired[worker] = self.pushes
+            expected = self.learner_watch.actor.checksum.remote()
+            self.pending.append(PendingCheck(self.version, self.pushes, served, expected))
+        return self.version
 
-    def verify_through(self, version: int) -> tuple[list[int], dict[int, str]]:
+    def catch_up(self) -> None:
+        """Rollout workers Ray restarted since the last look (between calls, say) get the current weights."""
+        self.repair(self.retry.catch_up())
+
+    def verify_through(self, version: int) -> None:
+        """The served checksums of every push up to `version`, compared with the learner's
+        (`served_through`); a worker that died before it took one is revived, one whose load hung
+        is killed first (Retry.get_back), and each gets the current weights again."""
+        lost, hung = self.served_through(version)
+        self.repair(self.retry.get_back([("rollout", index) for index in lost],
+                                        {("rollout", index): why for index, why in hung.items()}))
+
+    def served_through(self, version: int) -> tuple[list[int], dict[int, str]]:
         """Compare the served checksums of every push up to `version` with the learner's
         (WeightSyncError on a mismatch). Returns the workers that need reviving: those that died
         before they took a push and were not repaired since, and those whose load did not finish
-        within `timeout_s` (hung: worker -> what it did not finish; the caller kills them). A load
+        within `timeout_s` (hung: worker -> what it did not finish). A load
         that failed is an error unless a worker of the same push died or hung (a broadcast fails
         for want of a rank: the group is formed again, every worker repaired) or it was repaired since."""
         lost: list[int] = []
@@ -101,17 +121,6 @@ class WeightPublisher:
                 raise WeightSyncError(f"rollout worker {index}: load weights version {check.version} failed: {why}")
             self.verified = max(self.verified, check.version)
         return lost, hung
-
-    def check_learner_exported(self) -> None:
-        """The learner's CallTimeout when the latest weight export (object store transport), which
-        a rollout worker's load waits for, is not done within `timeout_s`: then a late rollout call
-        is the frozen learner's doing, and killing the worker would not help (its restart waits on
-        the same learner). A broadcast has no export of its own to wait on: nothing to check."""
-        exported = self.transport.export_in_flight()
-        if exported is not None:
-            ready, _ = ray.wait([exported], timeout=self.timeout_s, fetch_local=False)
-            if not ready:
-                raise timeout_error([exported], ["learner: export_weights"], [exported], self.timeout_s)
 
     def push_now(self, version: int) -> None:
         """Send `version` to every engine and wait until each serves it, verified whatever

@@ -9,10 +9,11 @@ Ray's own retries would be wrong twice over: a `generate` retried on a restarted
 samples from the initial weights, and retried calls give up the order in which an actor runs
 one caller's calls, which the loop relies on (each weight push before the chunks it samples).
 
-One `Supervisor` does all of it for the loop and the pipeline: a chunk whose call failed, or
-whose engine reports a policy version other than the one pushed before it (a worker that died
-and restarted between two calls), is sent again after `revive` gave the worker the current
-weights; a chunk whose scoring failed is scored again. It reads how often Ray restarted each
+The `Supervisor` keeps the actors serving; Retry (retry.py), the one owner of waits on their
+calls, asks it to `revive` the actor of a call that failed, or of a chunk whose engine reports a
+policy version other than the one pushed before it (a worker that died and restarted between
+two calls). It sends no weights: the rollout workers it revived get the current weights from
+the WeightPublisher before their chunks are sent again. It reads how often Ray restarted each
 actor from Ray's actor table, so every restart is counted once (`rollout/restarts`,
 `reward/restarts`) however many calls it broke; it counts every chunk sent again
 (`rollout/retries`, `reward/retries`), and ends the run with ActorGone once Ray has given up on
@@ -37,7 +38,6 @@ import ray
 
 from grpo_dist.controller.actors import LearnerWatch, actor_state
 from grpo_dist.controller.errors import ActorGone, ChunkFailed
-from grpo_dist.controller.publish import WeightPublisher
 from grpo_dist.common.waits import ActorLost, late_refs
 
 NAMES = {"rollout": "rollout worker", "reward": "reward actor"}
@@ -47,43 +47,36 @@ RESTART_COUNTERS = ("rollout/restarts", "rollout/retries", "rollout/hangs",
 
 
 class Supervisor:
-    """Keeps the rollout and reward actors serving, and counts what it took (see the module docstring)."""
+    """Keeps the rollout and reward actors serving, and counts what it took (see the module docstring).
 
-    def __init__(self, actors: dict[str, list[Any]], learner_watch: LearnerWatch, weights: WeightPublisher, *,
+    It never sends weights: what it revives it returns, and the caller has the rollout workers
+    among them repaired (WeightPublisher.repair)."""
+
+    def __init__(self, actors: dict[str, list[Any]], learner_watch: LearnerWatch, *,
                  max_restarts: int, start_timeout_s: float, counters: dict[str, float] | None = None) -> None:
-        self.actors, self.learner_watch, self.weights = actors, learner_watch, weights
+        self.actors, self.learner_watch = actors, learner_watch
         self.max_restarts, self.start_timeout_s = max_restarts, start_timeout_s
         self.max_retries = max_restarts + 1  # attempts of one chunk beyond its first
         self.counters = {name: 0.0 for name in RESTART_COUNTERS} | (counters or {})
         self.seen = {(role, index): 0 for role, handles in actors.items() for index in range(len(handles))}
 
-    def revive(self, role: str, index: int) -> int:
-        """An actor lost a call or sampled with the wrong weights: wait until Ray has it back,
-        count the restart (ActorGone once Ray gave up), give a rollout worker the current weights
-        (queued before anything sent to it after this); returns the version it will serve."""
+    def revive(self, role: str, index: int) -> None:
+        """An actor lost a call or sampled with the wrong weights: wait until Ray has it back and
+        count the restart (ActorGone once Ray gave up; LearnerLost when the learner is the culprit).
+        A rollout worker then needs the current weights before anything else is sent to it."""
         self.learner_watch.check_alive()
         self.wait_alive(role, index)
         self.check(role, index)
-        if role == "rollout":
-            self.weights.repair(index)
-        return self.weights.version
 
-    def catch_up(self) -> None:
-        """Rollout workers Ray restarted since the last look (between calls, say) get the current
-        weights, once they are back (a call sent while an actor restarts fails at once)."""
+    def catch_up(self) -> list[int]:
+        """The rollout workers Ray restarted since the last look (between calls, say), once they are
+        back (a call sent while an actor restarts fails at once): they need the current weights."""
+        back = []
         for role, index in self.seen:
             if self.check(role, index) and role == "rollout":
                 self.wait_alive(role, index)
-                self.weights.repair(index)
-
-    def verify_through(self, version: int) -> None:
-        """The served checksums of every push up to `version` (WeightPublisher); a worker that died
-        before it took one is revived, one whose load hung is killed first."""
-        lost, hung = self.weights.verify_through(version)
-        for index, why in hung.items():
-            self.kill_hung("rollout", index, why)
-        for index in dict.fromkeys([*lost, *hung]):
-            self.revive("rollout", index)
+                back.append(index)
+        return back
 
     def kill_hung(self, role: str, index: int, why: str) -> None:
         """The actor's call `why` ran past its time: kill its process so that Ray starts it again,
@@ -92,7 +85,7 @@ class Supervisor:
         learner's CallTimeout when the weights a rollout worker waits for never left the learner."""
         self.learner_watch.check_alive()
         if role == "rollout":
-            self.weights.check_learner_exported()
+            self.learner_watch.check_exported()
         handle = self.actors[role][index]
         _, before = actor_state(handle)
         ray.kill(handle, no_restart=False)
@@ -107,12 +100,12 @@ class Supervisor:
                                 f"{self.start_timeout_s:.0f} s (cluster.actor_start_timeout_s)")
             time.sleep(0.1)
 
-    def kill_unresponsive(self, why: str, grace_s: float) -> bool:
+    def kill_unresponsive(self, why: str, grace_s: float) -> list[tuple[str, int]]:
         """After a wait ran past its time without saying whose call hung (a reward call may wait on
         a hung engine's output, an evaluation's calls are chained): every actor that does not answer
         a no-op call within `grace_s` (it runs after the calls queued before it) is hung, and is
         killed and revived. Rollout workers first: only when they all answer are the reward
-        actors' calls free of hung inputs and asked. Returns whether any actor was killed."""
+        actors' calls free of hung inputs and asked. Returns the (role, index) of those killed."""
         for role in ("rollout", "reward"):
             probes = [handle.__ray_ready__.remote() for handle in self.actors.get(role, [])]
             late = set(late_refs(probes, grace_s))
@@ -122,8 +115,8 @@ class Supervisor:
             for index in hung:
                 self.revive(role, index)
             if hung:
-                return True
-        return False
+                return [(role, index) for index in hung]
+        return []
 
     def count_retry(self, role: str, attempts: int, stage: str, why: str) -> None:
         """A chunk is sent again for the `attempts`-th time: counted in `<role>/retries`;

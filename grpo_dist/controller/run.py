@@ -31,6 +31,7 @@ from grpo_dist.controller.evaluator import Evaluator
 from grpo_dist.controller.loop import StepLoop
 from grpo_dist.controller.publish import WeightPublisher
 from grpo_dist.controller.recovery import RESTART_COUNTERS, Supervisor
+from grpo_dist.controller.retry import Retry
 from grpo_dist.controller.signals import StopRequest, stop_on_signals
 from grpo_dist.tasks.data import PreparedData, prepare_data
 from grpo_dist.observe.evaluation import standard_error
@@ -92,15 +93,17 @@ class TrainingRun:
             self.stop()
             raise
         start, actors = self.start_point, self.actors
-        watch = self.learner_watch = LearnerWatch(actors.learner, trainer.call_timeout_s)
-        self.publisher = WeightPublisher(self.transport, watch, actors.rollouts, verify=trainer.verify_weight_sync,
-                                         timeout_s=trainer.call_timeout_s, version=start.version)
+        watch = self.learner_watch = LearnerWatch(actors.learner, trainer.call_timeout_s, self.transport)
         self.supervisor = Supervisor({"rollout": actors.rollouts, "reward": actors.rewards}, watch,
-                                     self.publisher, max_restarts=config.cluster.max_restarts,
+                                     max_restarts=config.cluster.max_restarts,
                                      start_timeout_s=config.cluster.actor_start_timeout_s, counters=start.counters)
+        retry = Retry(self.supervisor)
+        self.publisher = WeightPublisher(self.transport, watch, actors.rollouts, retry,
+                                         verify=trainer.verify_weight_sync, timeout_s=trainer.call_timeout_s,
+                                         version=start.version)
         self.checkpointer = Checkpointer(config, self.run_dir, watch, self.resume)
-        self.evaluator = Evaluator(config, self.eval_prompts, actors.rollouts, actors.rewards, self.supervisor)
-        self.loop = StepLoop(config, start, actors, self.supervisor, self.publisher, watch, self.evaluator,
+        self.evaluator = Evaluator(config, self.eval_prompts, actors.rollouts, actors.rewards, retry, self.publisher)
+        self.loop = StepLoop(config, start, actors, retry, self.publisher, watch, self.evaluator,
                              self.checkpointer, self.timeline, self.stop_request)
 
     def stop(self) -> None:
