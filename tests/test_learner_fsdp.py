@@ -129,6 +129,9 @@ def test_two_fsdp_ranks_give_the_one_rank_update_on_the_real_model(ray_cluster, 
     before the step (measured)."""
     overrides = [*COMMON, f"model.path={real_model}", "rollout.max_new_tokens=8"]
     groups = scored_groups(make_config(*unsharded(overrides)), problems=PROBLEMS[:2])
+    for group in groups:  # every reply runs to 8 tokens here, so the token bonus is flat: score by characters
+        group.rewards = [0.01 * len(completion.text) for completion in group.completions]
+    assert any(len(set(group.rewards)) > 1 for group in groups)  # a step that moves the weights
     assert_one_rank_update(groups, overrides, 2, logprob_atol=1e-4, bucket_bytes=64 << 20)
 
 
