@@ -1,4 +1,4 @@
-"""Shared fixtures: a real local Ray cluster per test module, shut down afterwards; the test tiers.
+"""Shared fixtures: one real local Ray cluster for the session, clean for each module; the test tiers.
 
 Every test is in one tier, named by a marker that says what it costs:
 
@@ -12,12 +12,15 @@ Every test is in one tier, named by a marker that says what it costs:
 
 import os
 import sys
+import time
+import warnings
 from pathlib import Path
 
 import pytest
 import ray
 
 from grpo_dist.config.schema import Config, load_config, vllm_installed
+from grpo_dist.controller.cluster import shutdown_ray
 
 TESTS = Path(__file__).resolve().parent
 SCRIPTS = TESTS.parent / "scripts"
@@ -40,14 +43,49 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.ray if CLUSTERS & set(item.fixturenames) else pytest.mark.unit)
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    # The actors import the tests' helper modules as the driver does (rewards named "reward_helpers:...").
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
-        ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="grpo_dist_tests")  # never another's
+def cluster_is_clean(timeout_s: float = 15.0) -> bool:
+    """Whether the cluster looks fresh: its node alive, every actor dead, every resource free (waits for ray.kill)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        nodes = ray.nodes()
+        alive = [a for a in ray._private.state.actors().values() if a["State"] != "DEAD"]
+        if nodes and all(n["Alive"] for n in nodes) and not alive \
+                and ray.available_resources() == ray.cluster_resources():
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="session")
+def _session_ray():
+    """Shuts the shared cluster down when the session ends (a module may have stopped it sooner)."""
     yield
-    ray.shutdown()
+    shutdown_ray()
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(request, _session_ray):
+    """The session's local Ray cluster, started by the first module that needs it.
+
+    Starting one per module cost seconds each; a module gets it back as a fresh cluster looks (no
+    actor alive, every resource free) or the cluster is shut down and the next module starts anew.
+    """
+    if not ray.is_initialized():
+        # The actors import the tests' helper modules as the driver does (rewards named "reward_helpers:...").
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
+            ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="grpo_dist_tests")  # never another's
+    yield
+    if not cluster_is_clean():
+        warnings.warn(f"{request.module.__name__} left actors or resources behind: the next module gets a new cluster")
+        shutdown_ray()
+
+
+@pytest.fixture
+def ray_stopped():
+    """No Ray in this process (the shared cluster shut down): for tests that check a command never starts it."""
+    shutdown_ray()
 
 
 @pytest.fixture(scope="session")
