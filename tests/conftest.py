@@ -43,17 +43,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.ray if CLUSTERS & set(item.fixturenames) else pytest.mark.unit)
 
 
-def cluster_is_clean(timeout_s: float = 15.0) -> bool:
-    """Whether the cluster looks fresh: its node alive, every actor dead, every resource free (waits for ray.kill)."""
+def cluster_leftovers(timeout_s: float = 15.0) -> str | None:
+    """None when the cluster looks fresh (its nodes alive, every actor dead, every resource free;
+    waits up to `timeout_s` for kills to land), else what is left, in words. Objects still in the
+    store do not count: a module's last results, freed once their references go, hold no actor."""
     deadline = time.monotonic() + timeout_s
     while True:
-        nodes = ray.nodes()
-        alive = [a for a in ray._private.state.actors().values() if a["State"] != "DEAD"]
-        if nodes and all(n["Alive"] for n in nodes) and not alive \
-                and ray.available_resources() == ray.cluster_resources():
-            return True
+        dead_nodes = [n["NodeID"][:8] for n in ray.nodes() if not n["Alive"]]
+        alive = [a["ActorClassName"] for a in ray._private.state.actors().values() if a["State"] != "DEAD"]
+        free, total = ray.available_resources(), ray.cluster_resources()
+        held = {k: round(v - free.get(k, 0.0), 3) for k, v in total.items()
+                if free.get(k, 0.0) != v and k != "object_store_memory"}
+        if not (dead_nodes or alive or held):
+            return None
         if time.monotonic() > deadline:
-            return False
+            return f"dead nodes {dead_nodes}, live actors {alive}, resources held {held}"
         time.sleep(0.2)
 
 
@@ -77,8 +81,9 @@ def ray_cluster(request, _session_ray):
             patch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
             ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="grpo_dist_tests")  # never another's
     yield
-    if not cluster_is_clean():
-        warnings.warn(f"{request.module.__name__} left actors or resources behind: the next module gets a new cluster")
+    leftovers = cluster_leftovers()
+    if leftovers is not None:
+        warnings.warn(f"{request.module.__name__} left {leftovers}: the next module gets a new cluster")
         shutdown_ray()
 
 
