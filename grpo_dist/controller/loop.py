@@ -45,7 +45,8 @@ from grpo_dist.controller.dynamic import DynamicSampling
 from grpo_dist.controller.errors import NOT_FINITE, TooManyBadSteps
 from grpo_dist.controller.evaluator import Evaluator
 from grpo_dist.controller.overlap import LearnerFeed
-from grpo_dist.controller.pipeline import Batch, RolloutPipeline, ScoredBatch
+from grpo_dist.controller.batches import Batch, ScoredBatch
+from grpo_dist.controller.pipeline import RolloutPipeline
 from grpo_dist.controller.publish import WeightPublisher
 from grpo_dist.controller.recovery import RESTART_COUNTERS
 from grpo_dist.controller.retry import Retry
