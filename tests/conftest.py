@@ -93,6 +93,23 @@ def ray_stopped():
     shutdown_ray()
 
 
+@pytest.fixture
+def agent_runner():
+    """AgentRunner(...) closed when the test ends: an unclosed runner's spare host and endpoint
+    would live on to the session's end (the fast tier kept 11 idle hosts, ~60 MB each)."""
+    from grpo_dist.agent.runner import AgentRunner
+
+    runners = []
+
+    def start(*args, **kwargs) -> AgentRunner:
+        runners.append(AgentRunner(*args, **kwargs))
+        return runners[-1]
+
+    yield start
+    for runner in runners:
+        runner.close()
+
+
 @pytest.fixture(scope="session")
 def real_model() -> Path:
     """SmolLM2-135M-Instruct as a Hugging Face folder (scripts/real_model.py), prepared if missing.

@@ -31,9 +31,13 @@ def engine(tmp_path_factory) -> HFEngine:
     return HFEngine(str(folder))
 
 
-def runner_for(engine, name: str, **settings) -> AgentRunner:
-    tokenizer = getattr(engine, "tokenizer", None) or engine.engine.tokenizer
-    return AgentRunner(engine, tokenizer, AgentConfig(name=name, max_episode_tokens=300, **settings))
+@pytest.fixture
+def runner_for(agent_runner):
+    """runner_for(engine, agent name, **agent settings): an AgentRunner closed when the test ends."""
+    def start(engine, name: str, **settings) -> AgentRunner:
+        tokenizer = getattr(engine, "tokenizer", None) or engine.engine.tokenizer
+        return agent_runner(engine, tokenizer, AgentConfig(name=name, max_episode_tokens=300, **settings))
+    return start
 
 
 def rows(count: int, **fields) -> list[dict]:
@@ -44,7 +48,7 @@ def seeds(count: int) -> list[int]:
     return [prompt_seed(0, 0, i) for i in range(count)]
 
 
-def test_32_agents_at_once_play_trained_groups_and_make_the_same_batches_every_run(engine):
+def test_32_agents_at_once_play_trained_groups_and_make_the_same_batches_every_run(engine, runner_for):
     recording = Recording(engine)
     runner = runner_for(recording, "grpo_dist.agent.examples:chat", concurrency=32)
     first, second = (runner.run(rows(8), SamplingSettings(n=4, max_new_tokens=6), seeds(8)) for _ in range(2))
@@ -61,7 +65,7 @@ def test_32_agents_at_once_play_trained_groups_and_make_the_same_batches_every_r
             assert completion.episode["transcript"][-1]["role"] == "assistant"
 
 
-def test_fewer_slots_than_episodes_fill_rounds_in_order(engine):
+def test_fewer_slots_than_episodes_fill_rounds_in_order(engine, runner_for):
     """agent.concurrency=4 for 6 episodes: a round waits until the freed slots are refilled, so the
     batches are the first 4 episodes, then the last 2, in every run."""
     recording = Recording(engine)
@@ -71,7 +75,7 @@ def test_fewer_slots_than_episodes_fill_rounds_in_order(engine):
     assert [len(inputs) for inputs, _ in recording.calls] == [4, 2]
 
 
-def test_an_episode_trains_the_engines_ids_and_logprobs_turn_by_turn(engine):
+def test_an_episode_trains_the_engines_ids_and_logprobs_turn_by_turn(engine, runner_for):
     """The real engine's replies (recorded) are the episode's mask-1 ids and logprobs, in order, and the
     engine's second input is the episode's ids so far (SmolLM2's tokens: tests/test_agent_tokens.py)."""
     recording = Recording(engine)
@@ -86,7 +90,7 @@ def test_an_episode_trains_the_engines_ids_and_logprobs_turn_by_turn(engine):
     assert episode.infos[0]["seen"] == [[engine.tokenizer.decode([i]) for i in r.token_ids] for r in replies]
 
 
-def test_errors_come_back_in_openais_shape_never_as_a_crash(engine):
+def test_errors_come_back_in_openais_shape_never_as_a_crash(engine, runner_for):
     runner = runner_for(engine, "agent_helpers:probe")
     server = runner.server
     client = openai.OpenAI(base_url=server.base_url("nope"), api_key=server.api_key, max_retries=0)
@@ -115,7 +119,16 @@ def test_errors_come_back_in_openais_shape_never_as_a_crash(engine):
         late.chat.completions.create(model="m", messages=message)
 
 
-def test_a_misbehaving_agent_costs_its_episode_only(engine):
+def test_a_closed_runner_leaves_no_host_and_no_endpoint(engine):
+    runner = AgentRunner(engine, engine.tokenizer, AgentConfig(name="grpo_dist.agent.examples:chat"))
+    runner.close()
+    assert runner.spare.poll() is not None  # the spare host, killed and reaped
+    client = openai.OpenAI(base_url=runner.server.base_url("a"), api_key=runner.server.api_key, max_retries=0)
+    with pytest.raises(openai.APIConnectionError):
+        client.models.list()
+
+
+def test_a_misbehaving_agent_costs_its_episode_only(engine, runner_for):
     runner = runner_for(engine, "agent_helpers:misbehave", timeout_s=20)
     modes = ["good", "never_calls", "raises", "nan", "rewrites"]
     played = runner.run([{"mode": m} for m in modes], SamplingSettings(n=1, max_new_tokens=6), seeds(5))
@@ -132,7 +145,7 @@ def test_a_misbehaving_agent_costs_its_episode_only(engine):
 
 
 @pytest.mark.parametrize("agent", ["blocks", "sleeps", "exits"])
-def test_an_agent_that_hangs_is_stopped_at_its_deadline(engine, agent):
+def test_an_agent_that_hangs_is_stopped_at_its_deadline(engine, runner_for, agent):
     """`blocks` holds its event loop with a sync sleep: only the worker's deadline and kill stop it;
     `exits` ends the host process itself (os._exit): its episode fails at once."""
     runner = runner_for(engine, f"agent_helpers:{agent}", timeout_s=2)

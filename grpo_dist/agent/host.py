@@ -8,7 +8,8 @@ Job: {"agent": "package.module:function", "api_key", "concurrency", "timeout_s",
 "episodes": [{"id", "base_url", "task"}, ...]}. Episodes start in order, `concurrency` at
 once, each with an openai.AsyncOpenAI of its own, under `timeout_s`. Events:
 {"id", "event": "started"} and {"id", "event": "result", "reward", "info"} or {..., "error"}.
-The worker kills this process's group when the call ends; stdin's end (the worker died) ends it too.
+The worker kills this process's group when the call ends; the worker's death ends it too (the parent
+pid is no longer the worker's, OWNER_VARIABLE: seen even when a child the worker forked holds stdin open).
 An agent's own prints go to stderr, so they cannot garble the events.
 """
 
@@ -20,9 +21,12 @@ import math
 import os
 import sys
 import threading
+import time
 from typing import Any, TextIO
 
 from grpo_dist.agent.config import load_agent
+
+OWNER_VARIABLE = "GRPO_DIST_AGENT_OWNER"  # the pid of the process that started the host (agent/runner.py)
 
 
 def check_result(value: Any) -> dict[str, Any]:
@@ -79,12 +83,21 @@ async def play(job: dict[str, Any], events: TextIO, http: Any) -> None:
         await asyncio.gather(*(slot() for _ in range(min(job["concurrency"], len(queue)) or 1)))
 
 
+def _exit_when_owner_dies(owner: int) -> None:
+    """Polls the parent pid: a killed worker (kill -9) ends its hosts even if stdin's pipe outlives it."""
+    while os.getppid() == owner:
+        time.sleep(0.5)
+    os._exit(1)
+
+
 def _exit_when_stdin_ends() -> None:
     sys.stdin.read()
     os._exit(1)
 
 
 def main() -> None:
+    owner = int(os.environ.get(OWNER_VARIABLE, os.getppid()))  # the owner's pid, even if it died while we started
+    threading.Thread(target=_exit_when_owner_dies, args=(owner,), daemon=True).start()
     import openai  # noqa: F401 - imported (with the agent's module) before the job comes: a spare host is ready
 
     if len(sys.argv) > 1:

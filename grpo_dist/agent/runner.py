@@ -16,6 +16,7 @@ call's deadline passes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -30,6 +31,7 @@ from typing import Any
 from grpo_dist.agent.board import Board, error_body
 from grpo_dist.agent.config import AgentConfig, call_deadline_s
 from grpo_dist.agent.episode import AgentEpisode, RequestRefused
+from grpo_dist.agent.host import OWNER_VARIABLE
 from grpo_dist.agent.server import AgentServer
 from grpo_dist.env.render import ChatRenderer
 from grpo_dist.env.runner import episode_sums
@@ -47,7 +49,12 @@ class AgentRunner:
         self.renderers: dict[str, ChatRenderer] = {}
         self.board = Board()
         self.server = AgentServer(self.board, agent.host, agent.max_request_bytes, model)
-        self.spare = self._spawn_host()  # started ahead of its call: its 2-3 s of imports overlap other work
+        self.spare = spawn_host(agent.name)  # started ahead of its call: its 2-3 s of imports overlap other work
+
+    def close(self) -> None:
+        """Ends the spare host and the endpoint: a runner its owner is done with leaves no process behind."""
+        stop_host(self.spare)
+        self.server.stop()
 
     def renderer(self, tools: list[dict] | None) -> ChatRenderer:
         """The chat renderer for a tool list (one per distinct list)."""
@@ -69,11 +76,10 @@ class AgentRunner:
         try:
             self._play(episodes, time.monotonic() + call_deadline_s(self.agent, len(episodes)))
         finally:
-            os.killpg(host.pid, signal.SIGKILL)
-            host.wait()
+            stop_host(host)
             reader.join(timeout=10)  # its events are of this call's episodes only, whenever they come
             self.board.close()
-            self.spare = self._spawn_host()
+            self.spare = spawn_host(self.agent.name)
         return [episodes[i : i + sampling.n] for i in range(0, len(episodes), sampling.n)]
 
     def _start_host(self, rows: list[dict[str, Any]],
@@ -82,7 +88,7 @@ class AgentRunner:
                "timeout_s": self.agent.timeout_s,
                "episodes": [{"id": e.episode_id, "base_url": self.server.base_url(e.episode_id),
                              "task": rows[e.row_index]} for e in episodes]}
-        host = self.spare if self.spare.poll() is None else self._spawn_host()
+        host = self.spare if self.spare.poll() is None else spawn_host(self.agent.name)
         assert host.stdin is not None and host.stdout is not None
         host.stdin.write(json.dumps(job, default=repr) + "\n")
         host.stdin.flush()  # stdin stays open: its end tells the host that this worker died
@@ -90,12 +96,6 @@ class AgentRunner:
         reader = threading.Thread(target=self._read_events, args=(host.stdout, call), daemon=True, name="agent-host")
         reader.start()
         return host, reader
-
-    def _spawn_host(self) -> subprocess.Popen:
-        """An agent host that imports openai and the agent's module, then waits for its job on stdin."""
-        environment = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        return subprocess.Popen([sys.executable, "-m", "grpo_dist.agent.host", self.agent.name], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, text=True, start_new_session=True, env=environment)
 
     def _read_events(self, stdout: Any, call: dict[str, AgentEpisode]) -> None:
         for line in stdout:
@@ -163,6 +163,21 @@ class AgentRunner:
             for (episode, pending, ids), (completion,) in zip(served, outputs):
                 pending.answer(200, episode.answer(completion, self.agent.tool_parser, self.agent.tool_call_regex,
                                                    self.model, bool(pending.request.logprobs), len(ids)))
+
+
+def spawn_host(agent: str) -> subprocess.Popen:
+    """An agent host that imports openai and the agent's module, then waits for its job on stdin."""
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+                   OWNER_VARIABLE: str(os.getpid())}
+    return subprocess.Popen([sys.executable, "-m", "grpo_dist.agent.host", agent], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, start_new_session=True, env=environment)
+
+
+def stop_host(host: subprocess.Popen) -> None:
+    """Kills the host's process group (the host and whatever its agents started) and reaps the host."""
+    with contextlib.suppress(ProcessLookupError):  # a host already reaped, its group empty
+        os.killpg(host.pid, signal.SIGKILL)
+    host.wait()
 
 
 def agent_sums(episodes: list[AgentEpisode]) -> dict[str, Any]:

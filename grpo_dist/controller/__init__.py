@@ -7,6 +7,7 @@
     actors.py         the actors started in their placement groups, stopped; the learner's calls (LearnerWatch)
     placement.py      placement groups per role, and whether a cluster can hold the run at all
     pipeline.py       a step's prompts in chunks, rollout -> reward -> learner, by reference
+    batches.py        chunks, batches and scored batches: what the driver holds, and a scored batch's metrics
     dynamic.py        DAPO's dynamic sampling: rounds until a step holds enough informative groups
     publish.py        publishing each policy version to the engines and verifying what they serve
     retry.py          Retry: every wait on a rollout or reward call; failed ones' actors got back

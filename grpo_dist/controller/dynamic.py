@@ -45,7 +45,8 @@ from dataclasses import dataclass, replace
 
 import ray
 
-from grpo_dist.controller.pipeline import Batch, RolloutPipeline, ScoredBatch
+from grpo_dist.controller.batches import Batch, ScoredBatch, combine
+from grpo_dist.controller.pipeline import RolloutPipeline
 from grpo_dist.common.types import Prompt
 
 
@@ -78,7 +79,7 @@ class DynamicSampling:
                                         after=rounds[-1][0])
             rounds.append((more, self.pipeline.collect(more, learner_version)))
             kept += int(count(rounds[-1][1], "informative"))
-        whole = self.pipeline.combine(rounds, learner_version)
+        whole = combine(rounds, learner_version)
         trained = min(kept, self.target)
         completions = count(whole, "completions")
         generated_groups = count(whole, "groups")

@@ -45,7 +45,8 @@ from grpo_dist.controller.dynamic import DynamicSampling
 from grpo_dist.controller.errors import NOT_FINITE, TooManyBadSteps
 from grpo_dist.controller.evaluator import Evaluator
 from grpo_dist.controller.overlap import LearnerFeed
-from grpo_dist.controller.pipeline import Batch, RolloutPipeline, ScoredBatch
+from grpo_dist.controller.batches import Batch, ScoredBatch
+from grpo_dist.controller.pipeline import RolloutPipeline
 from grpo_dist.controller.publish import WeightPublisher
 from grpo_dist.controller.recovery import RESTART_COUNTERS
 from grpo_dist.controller.retry import Retry
@@ -63,15 +64,17 @@ class StepLoop:
     on a signal, a time limit or too many bad steps.
 
     What tests and tools may use besides `train`: `step(n)`, `fill`, `discard_in_flight`,
-    `rollout(...)`, and `pipeline`, `cursor`, `sampling`, `in_flight`, `submitted`, `version`.
+    `rollout(...)`, and `pipeline`, `cursor`, `sampling`, `in_flight`, `submitted`, `version`, `counters`.
     """
 
-    def __init__(self, config: Config, start: StartPoint, actors: Actors, retry: Retry,
+    def __init__(self, config: Config, start: StartPoint, actors: Actors, retry: Retry, counters: dict[str, float],
                  publisher: WeightPublisher, learner_watch: LearnerWatch, evaluator: Evaluator,
                  checkpointer: Checkpointer, timeline: Timeline, stop_request: StopRequest) -> None:
+        """`counters`: the run totals, saved in checkpoints: the Supervisor's restarts, retries and
+        hangs (recovery.py), which each step logs the increase of, and the bad steps in a row."""
         self.config, self.timeline, self.stop_request = config, timeline, stop_request
         self.publisher, self.learner_watch = publisher, learner_watch
-        self.counters = retry.supervisor.counters  # run totals: restarts, retries (recovery.py), bad steps in a row
+        self.counters = counters
         self.evaluator, self.checkpointer = evaluator, checkpointer
         trainer, algo = config.trainer, config.algo
         self.max_staleness = trainer.max_staleness if trainer.mode == "async" else 0

@@ -23,7 +23,7 @@ from typing import Any
 
 import ray
 
-from grpo_dist.controller.pipeline import Batch, ScoredBatch
+from grpo_dist.controller.batches import Batch, ScoredBatch
 
 
 class LearnerFeed:

@@ -46,7 +46,7 @@ class Waited:
     values: list[Any]
     again: dict[int, str] = field(default_factory=dict)  # position -> why: send again (its actor is back)
     late: list[int] = field(default_factory=list)  # positions to wait for again (`probe`: hung actors killed)
-    needs_weights: list[int] = field(default_factory=list)  # rollout workers back: repair before sending
+    needs_weights: list[int] = field(default_factory=list)  # rollout workers back, each once: repair before sending
 
 
 class Retry:
@@ -78,7 +78,8 @@ class Retry:
             else:
                 continue
             waited.again[position] = first_line(value)
-        waited.needs_weights += self.get_back(lost, hung)
+        back = [*waited.needs_weights, *self.get_back(lost, hung)]  # a worker may be both probed and lost
+        waited.needs_weights = list(dict.fromkeys(back))  # each once, in order: one repair each
         return waited
 
     def get_back(self, actors: Iterable[Actor], hung: dict[Actor, str] | None = None) -> list[int]:

@@ -103,8 +103,8 @@ class TrainingRun:
                                          version=start.version)
         self.checkpointer = Checkpointer(config, self.run_dir, watch, self.resume)
         self.evaluator = Evaluator(config, self.eval_prompts, actors.rollouts, actors.rewards, retry, self.publisher)
-        self.loop = StepLoop(config, start, actors, retry, self.publisher, watch, self.evaluator,
-                             self.checkpointer, self.timeline, self.stop_request)
+        self.loop = StepLoop(config, start, actors, retry, self.supervisor.counters, self.publisher, watch,
+                             self.evaluator, self.checkpointer, self.timeline, self.stop_request)
 
     def stop(self) -> None:
         if self.transport is not None:

@@ -2,7 +2,7 @@
 
 `evaluate` is the one code path: the trainer's periodic evaluation calls it with the run's
 actors, and `python -m grpo_dist.eval` (eval.py) with actors it starts on a policy. The rows
-are split over the rollout workers as training splits a step (pipeline.contiguous_shares: contiguous,
+are split over the rollout workers as training splits a step (batches.contiguous_shares: contiguous,
 nearly equal shares); each share's groups go from its engine to a reward actor by reference,
 and only a few numbers per row come back to the driver (chunk_stats.per_group).
 """
@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from grpo_dist.config.schema import Config
-from grpo_dist.controller.pipeline import contiguous_shares
+from grpo_dist.controller.batches import contiguous_shares
 from grpo_dist.env.runner import solved_shares
 from grpo_dist.rollout.sampling import sampling_settings
 from grpo_dist.common.seeding import prompt_seed

@@ -100,7 +100,7 @@ class RolloutWorker:
                        seeds: list[int]) -> tuple[list[Group], dict[str, float]]:
         """`generate`, and what the controller needs to know about the call, small: the policy
         version, how long it took and when (unix seconds, to line it up with the learner's),
-        the weight loading that came before it, and the worker's peak memory (controller/pipeline.py)."""
+        the weight loading that came before it, and the worker's peak memory (controller/batches.py)."""
         generate_started, started = time.time(), time.perf_counter()
         groups = self.generate(prompts, sampling, seeds)
         info = {"policy_version": float(self.version), "generate_s": time.perf_counter() - started,
