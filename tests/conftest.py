@@ -37,10 +37,28 @@ CLUSTERS = {"ray_cluster", "two_nodes", "head", "dead_head"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark each test that is neither slow nor ray by hand: ray when it uses a cluster fixture, else unit."""
+    """Mark each test that is neither slow nor ray by hand: ray when it uses a cluster fixture, else unit.
+    The modules that share the session's cluster (ray_cluster) run last, one after another, each
+    module's tests in their order: the cluster starts once, and no other module runs beside it."""
     for item in items:
         if item.get_closest_marker("slow") is None and item.get_closest_marker("ray") is None:
             item.add_marker(pytest.mark.ray if CLUSTERS & set(item.fixturenames) else pytest.mark.unit)
+    sharing = {module_name(item) for item in items if "ray_cluster" in item.fixturenames}
+    items.sort(key=lambda item: module_name(item) in sharing)  # a stable sort
+
+
+def module_name(item: pytest.Item) -> str:
+    return item.module.__name__ if isinstance(item, pytest.Function) else item.nodeid
+
+
+SHARED_ONWARD: set[str] = set()  # the modules whose next module takes the shared cluster over
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """After every deselection: which module hands the cluster to the next one."""
+    order = list(dict.fromkeys(module_name(item) for item in session.items))
+    sharing = {module_name(item) for item in session.items if "ray_cluster" in item.fixturenames}
+    SHARED_ONWARD.update(this for this, following in zip(order, order[1:]) if following in sharing)
 
 
 def cluster_leftovers(timeout_s: float = 15.0) -> str | None:
@@ -72,8 +90,9 @@ def _session_ray():
 def ray_cluster(request, _session_ray):
     """The session's local Ray cluster, started by the first module that needs it.
 
-    Starting one per module cost seconds each; a module gets it back as a fresh cluster looks (no
-    actor alive, every resource free) or the cluster is shut down and the next module starts anew.
+    Starting one per module cost seconds each; the next module gets it back if a fresh cluster
+    looks so (no actor alive, every resource held free), else it starts anew; it is shut down
+    before a module that does not share it.
     """
     if not ray.is_initialized():
         # The actors import the tests' helper modules as the driver does (rewards named "reward_helpers:...").
@@ -81,6 +100,9 @@ def ray_cluster(request, _session_ray):
             patch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
             ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="grpo_dist_tests")  # never another's
     yield
+    if request.module.__name__ not in SHARED_ONWARD:
+        shutdown_ray()
+        return
     leftovers = cluster_leftovers()
     if leftovers is not None:
         warnings.warn(f"{request.module.__name__} left {leftovers}: the next module gets a new cluster")
