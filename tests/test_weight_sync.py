@@ -99,7 +99,7 @@ def trainer(request, ray_cluster, tmp_path_factory):
     trainer = TrainingRun(config, run_dir=tmp_path_factory.mktemp("run"))
     # timeout_s bounds the restart test: the survivor's receive of the broadcast pending when its peer
     # was killed waits that long for the dead rank before the group is formed again (NcclSync.repair)
-    trainer.start(lambda _, learner, rollouts: NcclSync(learner, rollouts, timeout_s=20, bucket_bytes=256 << 10,
+    trainer.start(lambda _, learner, rollouts: NcclSync(learner, rollouts, timeout_s=12, bucket_bytes=256 << 10,
                                                         backend="gloo"))
     yield trainer
     trainer.stop()
