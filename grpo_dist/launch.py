@@ -25,8 +25,9 @@ from pathlib import Path
 
 from grpo_dist.controller.cluster import choose_cluster, connect_ray, ray_environment, shutdown_ray
 from grpo_dist.config.schema import Config, ConfigError, compose_tree, dump_config, load_config
-from grpo_dist.controller.checkpoints import (Checkpoint, CheckpointError, check_resume_config, find_checkpoint,
-                                              resume_checkpoint, resume_hint)
+from grpo_dist.controller.manifest import CheckpointError
+from grpo_dist.controller.resume import (Checkpoint, check_resume_config, find_checkpoint, resume_checkpoint,
+                                         resume_hint)
 from grpo_dist.controller.errors import FAILURES, StartError
 from grpo_dist.tasks.data import DataError, prepare_data
 from grpo_dist.common.model_files import check_model_folder

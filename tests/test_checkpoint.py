@@ -10,20 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from grpo_dist.controller.checkpoints import (
-    Checkpoint,
-    CheckpointError,
-    TrainerState,
-    check_resume_config,
-    check_shared_storage,
-    checkpoints,
-    find_checkpoint,
-    is_complete,
-    latest_checkpoint,
-    SaveFailed,
-    resume_checkpoint,
-    save_checkpoint,
-)
+from grpo_dist.controller.checkpoints import (SaveFailed, TrainerState, check_shared_storage, checkpoints,
+                                              save_checkpoint)
+from grpo_dist.controller.manifest import CheckpointError, is_complete
+from grpo_dist.controller.resume import (Checkpoint, check_resume_config, find_checkpoint, latest_checkpoint,
+                                         resume_checkpoint)
 from grpo_dist.config.schema import Config, load_config
 from grpo_dist.tasks.data import PromptCursor
 

@@ -14,7 +14,8 @@ import pytest
 
 import grpo_dist.launch
 from grpo_dist.config.schema import load_config
-from grpo_dist.controller.checkpoints import Checkpoint, TrainerState, save_checkpoint, step_dir
+from grpo_dist.controller.checkpoints import TrainerState, save_checkpoint, step_dir
+from grpo_dist.controller.resume import Checkpoint
 from grpo_dist.launch import main, parse_args, plan_run
 
 ROOT = Path(__file__).resolve().parent.parent

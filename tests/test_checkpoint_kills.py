@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from grpo_dist.config.schema import Config
-from grpo_dist.controller.checkpoints import (TrainerState, checkpoints, find_checkpoint, resume_checkpoint,
-                                              save_checkpoint, step_dir)
+from grpo_dist.controller.checkpoints import TrainerState, checkpoints, save_checkpoint, step_dir
+from grpo_dist.controller.resume import find_checkpoint, resume_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 

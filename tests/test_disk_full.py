@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from grpo_dist.config.schema import Config, load_config
-from grpo_dist.controller.checkpoints import (Checkpoint, SaveFailed, TrainerState, checkpoints, resume_hint,
-                                              save_checkpoint, step_dir)
+from grpo_dist.controller.checkpoints import SaveFailed, TrainerState, checkpoints, save_checkpoint, step_dir
+from grpo_dist.controller.resume import Checkpoint, resume_hint
 from grpo_dist.controller.errors import OutputFailed
 from grpo_dist.launch import parse_args, plan_run
 from grpo_dist.observe.metrics import MetricsLog, TensorBoardSink

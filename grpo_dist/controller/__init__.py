@@ -12,7 +12,9 @@
     publish.py        publishing each policy version to the engines and verifying what they serve
     retry.py          Retry: every wait on a rollout or reward call; failed ones' actors got back
     recovery.py       the Supervisor: actors restarted, hung ones killed, both counted
-    checkpoints.py    run checkpoints written atomically, resumes checked and restored
+    checkpoints.py    run checkpoints written atomically, the newest few kept
+    resume.py         the checkpoint a resume continues from: found, read back, its config checked
+    manifest.py       a checkpoint's COMPLETE manifest: its files' sizes and sha256, its run's id
     signals.py        SIGINT/SIGTERM: finish the step, save, stop
     errors.py         what ends a run, and with which exit code
 

@@ -1,7 +1,7 @@
 """The run's checkpoints from the controller's side: where a run starts, and saving and restoring its state.
 
-checkpoints.py holds the files (written atomically, checked, found); this module decides what
-goes into them: the driver's share (TrainerState: step, version, data cursor, the batches drawn
+checkpoints.py writes the files atomically, resume.py finds, checks and reads them back; this
+module decides what goes into them: the driver's share (TrainerState: step, version, data cursor, the batches drawn
 but not trained, the run totals) beside the learner's, and restores both on a resume.
 """
 
@@ -13,10 +13,11 @@ from pathlib import Path
 
 from grpo_dist.config.schema import Config
 from grpo_dist.controller.actors import LearnerWatch
-from grpo_dist.controller.checkpoints import (Checkpoint, CheckpointError, TrainerState, check_shared_storage,
-                                              save_checkpoint)
+from grpo_dist.controller.checkpoints import TrainerState, check_shared_storage, save_checkpoint
 from grpo_dist.controller.errors import RunFailed
+from grpo_dist.controller.manifest import CheckpointError
 from grpo_dist.controller.publish import WeightPublisher
+from grpo_dist.controller.resume import Checkpoint
 from grpo_dist.tasks.data import PromptCursor
 from grpo_dist.common.types import Prompt
 

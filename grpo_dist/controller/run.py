@@ -25,7 +25,7 @@ from grpo_dist.common.atomic import write_json_atomic
 from grpo_dist.config.schema import Config, dump_config
 from grpo_dist.controller.actors import Actors, LearnerWatch
 from grpo_dist.controller.checkpointing import Checkpointer, start_point
-from grpo_dist.controller.checkpoints import Checkpoint
+from grpo_dist.controller.resume import Checkpoint
 from grpo_dist.controller.errors import writing
 from grpo_dist.controller.evaluator import Evaluator
 from grpo_dist.controller.loop import StepLoop

@@ -207,7 +207,7 @@ class Learner(PolicyUpdate):
         return self.reference if self.algo.ref_refresh_every is not None else None
 
     def write_probe(self, path: str, text: str) -> None:
-        """Write `text` to `path` (checkpoint.check_shared_storage: can the driver read it?)."""
+        """Write `text` to `path` (controller/checkpoints.py's check_shared_storage: can the driver read it?)."""
         Path(path).write_text(text)
 
     def save(self, path: str) -> str:
