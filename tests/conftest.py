@@ -1,4 +1,4 @@
-"""Shared fixtures: a real local Ray cluster per test module, shut down afterwards; the test tiers.
+"""Shared fixtures: one real local Ray cluster for the session, clean for each module; the test tiers.
 
 Every test is in one tier, named by a marker that says what it costs:
 
@@ -12,12 +12,15 @@ Every test is in one tier, named by a marker that says what it costs:
 
 import os
 import sys
+import time
+import warnings
 from pathlib import Path
 
 import pytest
 import ray
 
 from grpo_dist.config.schema import Config, load_config, vllm_installed
+from grpo_dist.controller.cluster import shutdown_ray
 
 TESTS = Path(__file__).resolve().parent
 SCRIPTS = TESTS.parent / "scripts"
@@ -34,20 +37,82 @@ CLUSTERS = {"ray_cluster", "two_nodes", "head", "dead_head"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark each test that is neither slow nor ray by hand: ray when it uses a cluster fixture, else unit."""
+    """Mark each test that is neither slow nor ray by hand: ray when it uses a cluster fixture, else unit.
+    The modules that share the session's cluster (ray_cluster) run last, one after another, each
+    module's tests in their order: the cluster starts once, and no other module runs beside it."""
     for item in items:
         if item.get_closest_marker("slow") is None and item.get_closest_marker("ray") is None:
             item.add_marker(pytest.mark.ray if CLUSTERS & set(item.fixturenames) else pytest.mark.unit)
+    sharing = {module_name(item) for item in items if "ray_cluster" in item.fixturenames}
+    items.sort(key=lambda item: module_name(item) in sharing)  # a stable sort
+
+
+def module_name(item: pytest.Item) -> str:
+    return item.module.__name__ if isinstance(item, pytest.Function) else item.nodeid
+
+
+SHARED_ONWARD: set[str] = set()  # the modules whose next module takes the shared cluster over
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """After every deselection: which module hands the cluster to the next one."""
+    order = list(dict.fromkeys(module_name(item) for item in session.items))
+    sharing = {module_name(item) for item in session.items if "ray_cluster" in item.fixturenames}
+    SHARED_ONWARD.update(this for this, following in zip(order, order[1:]) if following in sharing)
+
+
+def cluster_leftovers(timeout_s: float = 15.0) -> str | None:
+    """None when the cluster looks fresh (its nodes alive, every actor dead, every resource free;
+    waits up to `timeout_s` for kills to land), else what is left, in words. Objects still in the
+    store do not count: a module's last results, freed once their references go, hold no actor."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        dead_nodes = [n["NodeID"][:8] for n in ray.nodes() if not n["Alive"]]
+        alive = [a["ActorClassName"] for a in ray._private.state.actors().values() if a["State"] != "DEAD"]
+        free, total = ray.available_resources(), ray.cluster_resources()
+        held = {k: round(v - free.get(k, 0.0), 3) for k, v in total.items()
+                if free.get(k, 0.0) != v and k != "object_store_memory"}
+        if not (dead_nodes or alive or held):
+            return None
+        if time.monotonic() > deadline:
+            return f"dead nodes {dead_nodes}, live actors {alive}, resources held {held}"
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="session")
+def _session_ray():
+    """Shuts the shared cluster down when the session ends (a module may have stopped it sooner)."""
+    yield
+    shutdown_ray()
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
-    # The actors import the tests' helper modules as the driver does (rewards named "reward_helpers:...").
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
-        ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="grpo_dist_tests")  # never another's
+def ray_cluster(request, _session_ray):
+    """The session's local Ray cluster, started by the first module that needs it.
+
+    Starting one per module cost seconds each; the next module gets it back if a fresh cluster
+    looks so (no actor alive, every resource held free), else it starts anew; it is shut down
+    before a module that does not share it.
+    """
+    if not ray.is_initialized():
+        # The actors import the tests' helper modules as the driver does (rewards named "reward_helpers:...").
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
+            ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="grpo_dist_tests")  # never another's
     yield
-    ray.shutdown()
+    if request.module.__name__ not in SHARED_ONWARD:
+        shutdown_ray()
+        return
+    leftovers = cluster_leftovers()
+    if leftovers is not None:
+        warnings.warn(f"{request.module.__name__} left {leftovers}: the next module gets a new cluster")
+        shutdown_ray()
+
+
+@pytest.fixture
+def ray_stopped():
+    """No Ray in this process (the shared cluster shut down): for tests that check a command never starts it."""
+    shutdown_ray()
 
 
 @pytest.fixture

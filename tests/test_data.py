@@ -213,17 +213,13 @@ def test_eval_rows_and_the_cursor():
     assert sorted(p.index for p in first_epoch) == [0, 1, 2, 3, 4]
 
 
-@pytest.mark.parametrize("content,message", [
-    ('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2=", "answer": \n', "rows.jsonl:2: not valid JSON"),
-    ('{"prompt": "1+1=", "answer": "2"}\n{"question": "2+2=", "answer": "4"}\n', "rows.jsonl:2: no field 'prompt'"),
-    ('{"prompt": "1+1=", "answer": "2"}\n{"prompt": " \\n ", "answer": "4"}\n', "rows.jsonl:2: field 'prompt' is only "
-     "whitespace"),
-])
-def test_the_cli_exits_2_on_bad_data_and_leaves_nothing_behind(tmp_path, content, message):
+def test_the_cli_exits_2_on_bad_data_and_leaves_nothing_behind(tmp_path):
     """Ray and the actors start while the data are read (docs/speed.md): bad data is exit 2 with
     one message, the last line; Ray and the actors are stopped again, no process of the run is
-    left, nothing is written."""
-    (tmp_path / "rows.jsonl").write_text(content)
+    left, nothing is written. (One kind of bad row: every DataError takes this door, and each
+    message is checked on prepare_data above.)"""
+    message = "rows.jsonl:2: not valid JSON"
+    (tmp_path / "rows.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2=", "answer": \n')
     run = subprocess.Popen([sys.executable, "-m", "grpo_dist.launch", f"data.train={tmp_path / 'rows.jsonl'}",
                             "cluster.address=local", f"trainer.output_dir={tmp_path / 'runs'}"], cwd=ROOT,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)

@@ -72,7 +72,7 @@ def test_checkpoint_is_a_model_folder_a_run_directory_or_a_checkpoint(tmp_path):
         resolve_checkpoint(str(tmp_path), [], [])
 
 
-def test_the_command_exits_2_before_starting_ray(tmp_path, capsys):
+def test_the_command_exits_2_before_starting_ray(ray_stopped, tmp_path, capsys):
     assert main(["--checkpoint", str(tmp_path)]) == 2
     model = str(MODEL)
     assert main(["--checkpoint", model, "--temperature", "0.5"]) == 2  # a temperature without --k

@@ -19,6 +19,7 @@ import ray
 from ray.cluster_utils import Cluster
 
 from grpo_dist.config.schema import load_config
+from grpo_dist.controller.cluster import shutdown_ray
 from grpo_dist.controller.errors import ActorGone
 from grpo_dist.controller.run import TrainingRun
 from runs import train_records
@@ -43,6 +44,7 @@ def run_and_remove_the_worker_node(tmp_path: Path, engine_nodes: int, steps: int
     """Train on a head plus `engine_nodes` engine nodes; once two steps are done, remove the
     node that holds the rollout worker. Returns (the trainer, seconds from the removal to the
     end of the run, the run's result: its summary or the exception that ended it)."""
+    shutdown_ray()  # a cluster of its own: the session's shared one is stopped (the next module starts it again)
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
     nodes = [cluster.add_node(**ENGINE) for _ in range(engine_nodes)]
     cluster.wait_for_nodes()

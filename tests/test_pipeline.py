@@ -193,7 +193,7 @@ def test_an_evaluation_during_which_an_engine_hangs_is_evaluated_again_after_its
     busy = worker.__ray_call__.remote(lambda _: time.sleep(120))  # worker 0 hangs
     hangs = trainer.loop.counters["rollout/hangs"]
     config = trainer.config.model_copy(deep=True)
-    config.trainer.call_timeout_s = 10.0
+    config.trainer.call_timeout_s = 5.0  # (probe: an engine that answers within it is never killed)
     evaluator = Evaluator(config, trainer.loop.cursor.next_batch(2), trainer.actors.rollouts, trainer.actors.rewards,
                           trainer.publisher.retry, trainer.publisher)
     accuracy = evaluator.evaluate(5, MetricsLog(tmp_path, config))

@@ -14,6 +14,7 @@ from ray.cluster_utils import Cluster
 from ray.util.placement_group import placement_group_table, remove_placement_group
 
 from grpo_dist.config.schema import load_config
+from grpo_dist.controller.cluster import shutdown_ray
 from grpo_dist.observe.metrics import MetricsLog
 from grpo_dist.controller.placement import Role, create_placement_group, in_bundle, roles
 from grpo_dist.controller.actors import Actors
@@ -27,6 +28,7 @@ PINNED = ["rollout.resources={engine_node: 1}", "reward.node_labels={pool: train
 
 @pytest.fixture(scope="module")
 def two_nodes():
+    shutdown_ray()  # a cluster of its own: the session's shared one is stopped (the next module starts it again)
     cluster = Cluster(initialize_head=True, head_node_args=ENGINES)
     trainer_node = cluster.add_node(**TRAINER)
     cluster.wait_for_nodes()

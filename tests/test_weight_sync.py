@@ -97,7 +97,9 @@ def trainer(request, ray_cluster, tmp_path_factory):
     """A trainer whose weights travel by broadcast over a gloo weight group (NcclSync on the CPU)."""
     config = small_config(tmp_path_factory.mktemp("runs"), f"rollout.engine={request.param}")
     trainer = TrainingRun(config, run_dir=tmp_path_factory.mktemp("run"))
-    trainer.start(lambda _, learner, rollouts: NcclSync(learner, rollouts, timeout_s=60, bucket_bytes=256 << 10,
+    # timeout_s bounds the restart test: the survivor's receive of the broadcast pending when its peer
+    # was killed waits that long for the dead rank before the group is formed again (NcclSync.repair)
+    trainer.start(lambda _, learner, rollouts: NcclSync(learner, rollouts, timeout_s=12, bucket_bytes=256 << 10,
                                                         backend="gloo"))
     yield trainer
     trainer.stop()
