@@ -1,4 +1,4 @@
-"""Shared fixtures: one real local Ray cluster for the session, clean for each module; the test tiers.
+"""Shared fixtures: one real local Ray cluster shared by the modules that use it; the test tiers.
 
 Every test is in one tier, named by a marker that says what it costs:
 
@@ -43,12 +43,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("slow") is None and item.get_closest_marker("ray") is None:
             item.add_marker(pytest.mark.ray if CLUSTERS & set(item.fixturenames) else pytest.mark.unit)
-    sharing = {module_name(item) for item in items if "ray_cluster" in item.fixturenames}
+    sharing = sharing_modules(items)
     items.sort(key=lambda item: module_name(item) in sharing)  # a stable sort
 
 
 def module_name(item: pytest.Item) -> str:
     return item.module.__name__ if isinstance(item, pytest.Function) else item.nodeid
+
+
+def sharing_modules(items: list[pytest.Item]) -> set[str]:
+    """The modules with a test that uses the shared cluster (ray_cluster)."""
+    return {module_name(item) for item in items if "ray_cluster" in item.fixturenames}
 
 
 SHARED_ONWARD: set[str] = set()  # the modules whose next module takes the shared cluster over
@@ -57,7 +62,7 @@ SHARED_ONWARD: set[str] = set()  # the modules whose next module takes the share
 def pytest_collection_finish(session: pytest.Session) -> None:
     """After every deselection: which module hands the cluster to the next one."""
     order = list(dict.fromkeys(module_name(item) for item in session.items))
-    sharing = {module_name(item) for item in session.items if "ray_cluster" in item.fixturenames}
+    sharing = sharing_modules(session.items)
     SHARED_ONWARD.update(this for this, following in zip(order, order[1:]) if following in sharing)
 
 
@@ -79,20 +84,13 @@ def cluster_leftovers(timeout_s: float = 15.0) -> str | None:
         time.sleep(0.2)
 
 
-@pytest.fixture(scope="session")
-def _session_ray():
-    """Shuts the shared cluster down when the session ends (a module may have stopped it sooner)."""
-    yield
-    shutdown_ray()
-
-
 @pytest.fixture(scope="module")
-def ray_cluster(request, _session_ray):
+def ray_cluster(request):
     """The session's local Ray cluster, started by the first module that needs it.
 
     Starting one per module cost seconds each; the next module gets it back if a fresh cluster
     looks so (no actor alive, every resource held free), else it starts anew; it is shut down
-    before a module that does not share it.
+    after the last module that shares it (the next module, if any, does not).
     """
     if not ray.is_initialized():
         # The actors import the tests' helper modules as the driver does (rewards named "reward_helpers:...").
