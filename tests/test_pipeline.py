@@ -16,6 +16,7 @@ from grpo_dist.controller.errors import ChunkFailed
 from grpo_dist.common.seeding import prompt_seed
 from grpo_dist.controller.evaluator import Evaluator
 from grpo_dist.controller.run import TrainingRun
+from grpo_dist.weights.checksum import state_checksum
 from grpo_dist.observe.metrics import MetricsLog
 
 GROUP = 4
@@ -208,3 +209,15 @@ def test_an_evaluation_during_which_an_engine_hangs_is_evaluated_again_after_its
     assert "the actors that hung were restarted; evaluating again" in capsys.readouterr().out
     trainer.publisher.verify_through(trainer.loop.version)  # the repair's push: the learner's weights, verified
     trainer.publisher.verify_all()  # the restarted engine serves the learner's weights, not model.path's
+
+
+def test_an_export_in_flight_is_the_version_asked_for_whatever_the_learner_does_next(trainer):
+    """export_weights hands Ray the learner's own tensors, not a copy: the object store's copy,
+    written as the call returns, is the one copy, and the optimizer step after it does not reach it."""
+    learner = trainer.actors.learner
+    scored = trainer.loop.pipeline.collect(submit(trainer), trainer.loop.version)
+    before = ray.get(learner.checksum.remote())
+    exported = learner.export_weights.remote()
+    ray.get(learner.train_step.remote(*scored.group_refs))  # an optimizer step, queued right behind the export
+    assert ray.get(learner.checksum.remote()) != before
+    assert state_checksum(ray.get(exported)) == before

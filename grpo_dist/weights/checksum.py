@@ -10,8 +10,14 @@ import torch
 
 
 def export_state_dict(state_dict: dict[str, torch.Tensor]) -> WireStateDict:
-    """Detached CPU copies of a model's parameters and buffers, by Hugging Face name."""
-    return WireStateDict({name: tensor.detach().to("cpu", copy=True) for name, tensor in state_dict.items()})
+    """A model's parameters and buffers on the CPU, by Hugging Face name, for one trip through Ray.
+
+    Tensors already on the CPU are the model's own, not copies: an actor method's return is
+    written into the object store before the actor runs anything else, and that write is the
+    one copy a version needs (a second one cost as long as the checksum on the real model).
+    A caller that keeps the result while the model trains must clone it.
+    """
+    return WireStateDict({name: tensor.detach().to("cpu") for name, tensor in state_dict.items()})
 
 
 class WireStateDict(dict):
@@ -53,5 +59,6 @@ def stream_checksum(named: Iterable[tuple[str, torch.Tensor]]) -> str:
     for name, tensor in named:
         tensor = tensor.detach().to("cpu").contiguous()
         digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
-        digest.update(_flat_bytes(tensor).tobytes() if tensor.numel() else b"")
+        if tensor.numel():  # the bytes hashed where they lie: a copy (tobytes) cost as much as the hash
+            digest.update(_flat_bytes(tensor))
     return digest.hexdigest()
