@@ -19,8 +19,9 @@ per step, max new tokens, temperature, lr, beta, clip, weight decay, gradient cl
 TRL is never a dependency of grpo_dist: when `import trl` fails, TRL_VERSION is installed without
 dependencies into --trl-dir (`pip install --target`) and only the TRL run puts it on its path.
 Every run is a fresh process timed from outside: wall, first optimizer step (from its spawn),
-the median step, completion tokens per second of training, held-out greedy accuracy with its
-standard error. Repeats alternate the order. The load average is printed with every run.
+the median step, completion tokens per second of training, the mean training reward of step 1
+(both sides sample the same initial policy: equal but for the draw) and over all steps,
+held-out greedy accuracy with its standard error. Repeats alternate the order. The load average is printed with every run.
 """
 
 from __future__ import annotations
@@ -103,6 +104,8 @@ def run_ours(config: str | None, overrides: list[str], per_step: int, workdir: P
     tokens = sum(r["rollout/completion_length"] * per_step for r in train)
     return {"wall_s": wall, "first_step_s": train[0]["time/learn_ended"] - spawned,
             "step_s": statistics.median(step_s[1:] or step_s), "tokens_per_s": tokens / sum(step_s),
+            "reward_first_step": train[0]["reward/mean"],
+            "reward_mean": statistics.fmean(r["reward/mean"] for r in train),
             "accuracy_before": summary["eval_accuracy_before"], "accuracy_after": summary["eval_accuracy_after"],
             "eval_rows": summary["eval_rows"]}
 
@@ -176,7 +179,8 @@ def with_stderr(accuracy: float, rows: int) -> str:
 def table(results: dict[str, list[dict[str, Any]]], steps: int) -> str:
     """Medians over the repeats per mode, and TRL / each of ours (for tokens/s: ours / TRL)."""
     rows = [("wall s", "wall_s"), ("first optimizer step s", "first_step_s"), ("s per step (median)", "step_s"),
-            ("completion tokens/s", "tokens_per_s"), ("accuracy before", "accuracy_before"),
+            ("completion tokens/s", "tokens_per_s"), ("training reward, step 1", "reward_first_step"),
+            ("training reward, mean over the steps", "reward_mean"), ("accuracy before", "accuracy_before"),
             ("accuracy after", "accuracy_after")]
     names = list(results)
     ours = [name for name in names if name != "trl"] if "trl" in names else []
@@ -187,6 +191,8 @@ def table(results: dict[str, list[dict[str, Any]]], steps: int) -> str:
         if key.startswith("accuracy"):
             cells = [with_stderr(median[name], results[name][0]["eval_rows"]) for name in names]
             ratios = ["" for _ in ours]
+        elif key.startswith("reward"):  # step 1 samples the same policy on both sides
+            cells, ratios = [f"{median[name]:.3f}" for name in names], ["" for _ in ours]
         else:
             cells = [f"{median[name]:.2f}" for name in names]
             ratios = [f"{(median[n] / median['trl'] if key == 'tokens_per_s' else median['trl'] / median[n]):.2f}"
