@@ -21,7 +21,8 @@ dependencies into --trl-dir (`pip install --target`) and only the TRL run puts i
 Every run is a fresh process timed from outside: wall, first optimizer step (from its spawn),
 the median step, completion tokens per second of training, the mean training reward of step 1
 (both sides sample the same initial policy: equal but for the draw) and over all steps,
-held-out greedy accuracy with its standard error. Repeats alternate the order. The load average is printed with every run.
+held-out greedy accuracy with its standard error. Repeats alternate the order. The load average
+is printed with every run.
 """
 
 from __future__ import annotations
