@@ -144,10 +144,13 @@ def main(job_path: Path, out: Path) -> None:
     after = greedy_accuracy(trainer.model, tokenizer, job["eval"], settings["max_new_tokens"], rule)
     steps_s = [b - a for a, b in zip([train_started, *ends], ends)]
     rewards = [entry["reward"] for entry in trainer.state.log_history if "reward" in entry]  # one per step
+    lengths = [entry["completions/mean_length"] for entry in trainer.state.log_history
+               if "completions/mean_length" in entry]
     out.write_text(json.dumps({
         "first_step_at": ends[0], "step_s": statistics.median(steps_s[1:] or steps_s),
         "tokens_per_s": sum(tokens) / (ends[-1] - train_started),
         "reward_first_step": rewards[0], "reward_mean": statistics.fmean(rewards),
+        "length_first_step": lengths[0], "length_last_step": lengths[-1],
         "accuracy_before": before, "accuracy_after": after, "eval_rows": len(job["eval"])}))
 
 

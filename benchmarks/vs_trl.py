@@ -107,6 +107,8 @@ def run_ours(config: str | None, overrides: list[str], per_step: int, workdir: P
             "step_s": statistics.median(step_s[1:] or step_s), "tokens_per_s": tokens / sum(step_s),
             "reward_first_step": train[0]["reward/mean"],
             "reward_mean": statistics.fmean(r["reward/mean"] for r in train),
+            "length_first_step": train[0]["rollout/completion_length"],
+            "length_last_step": train[-1]["rollout/completion_length"],
             "accuracy_before": summary["eval_accuracy_before"], "accuracy_after": summary["eval_accuracy_after"],
             "eval_rows": summary["eval_rows"]}
 
@@ -181,7 +183,8 @@ def table(results: dict[str, list[dict[str, Any]]], steps: int) -> str:
     """Medians over the repeats per mode, and TRL / each of ours (for tokens/s: ours / TRL)."""
     rows = [("wall s", "wall_s"), ("first optimizer step s", "first_step_s"), ("s per step (median)", "step_s"),
             ("completion tokens/s", "tokens_per_s"), ("training reward, step 1", "reward_first_step"),
-            ("training reward, mean over the steps", "reward_mean"), ("accuracy before", "accuracy_before"),
+            ("training reward, mean over the steps", "reward_mean"), ("completion length, step 1", "length_first_step"),
+            ("completion length, last step", "length_last_step"), ("accuracy before", "accuracy_before"),
             ("accuracy after", "accuracy_after")]
     names = list(results)
     ours = [name for name in names if name != "trl"] if "trl" in names else []
@@ -192,8 +195,9 @@ def table(results: dict[str, list[dict[str, Any]]], steps: int) -> str:
         if key.startswith("accuracy"):
             cells = [with_stderr(median[name], results[name][0]["eval_rows"]) for name in names]
             ratios = ["" for _ in ours]
-        elif key.startswith("reward"):  # step 1 samples the same policy on both sides
-            cells, ratios = [f"{median[name]:.3f}" for name in names], ["" for _ in ours]
+        elif key.startswith(("reward", "length")):  # step 1 samples the same policy on both sides
+            digits = 3 if key.startswith("reward") else 1
+            cells, ratios = [f"{median[name]:.{digits}f}" for name in names], ["" for _ in ours]
         else:
             cells = [f"{median[name]:.2f}" for name in names]
             ratios = [f"{(median[n] / median['trl'] if key == 'tokens_per_s' else median['trl'] / median[n]):.2f}"
