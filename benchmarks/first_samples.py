@@ -25,16 +25,16 @@ import math
 import statistics
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+from vs_trl import ROOT, real_model_folder
+
 CONFIG = "configs/smollm2_word_problems.yaml"
 MAX_NEW_TOKENS = 64
 BASELINE = "generate"
 
 
-def job(model: str, prompts: int) -> tuple[Any, list[Any], Any]:
+def job(model: str, prompts: int) -> tuple[Any, list[Any], str]:
     """The real job's config, its first `prompts` training prompts and its reward's name."""
     from grpo_dist.config.schema import load_config
     from grpo_dist.tasks.data import prepare_data
@@ -145,8 +145,7 @@ def main() -> None:
     parser.add_argument("--model", default=None, help="default: scripts/real_model.py's folder")
     parser.add_argument("--only", default=None, help=argparse.SUPPRESS)  # one sampler, in this process
     args = parser.parse_args()
-    model = args.model or subprocess.run([sys.executable, "scripts/real_model.py"], cwd=ROOT, check=True,
-                                         capture_output=True, text=True).stdout.strip().splitlines()[-1]
+    model = real_model_folder(args.model)
     if args.only:
         print(json.dumps(measure(args.only, model, args.prompts)))
         return

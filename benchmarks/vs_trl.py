@@ -74,10 +74,14 @@ def job_overrides(args: argparse.Namespace) -> tuple[str | None, list[str]]:
     job = JOBS[args.job]
     overrides = [*job["overrides"], f"trainer.steps={args.steps or job['steps']}", "trainer.eval_every=0", *args.set]
     if args.job == "real":
-        model = args.model or subprocess.run([sys.executable, "scripts/real_model.py"], cwd=ROOT, check=True,
-                                             capture_output=True, text=True).stdout.strip().splitlines()[-1]
-        overrides.append(f"model.path={model}")
+        overrides.append(f"model.path={real_model_folder(args.model)}")
     return job["config"], overrides
+
+
+def real_model_folder(given: str | None = None) -> str:
+    """`given`, else the folder scripts/real_model.py prepares (cached) and prints."""
+    return given or subprocess.run([sys.executable, "scripts/real_model.py"], cwd=ROOT, check=True,
+                                   capture_output=True, text=True).stdout.strip().splitlines()[-1]
 
 
 def load() -> str:

@@ -1,12 +1,16 @@
 """benchmarks/first_samples.py's table: each sampler's distance from the baseline in standard errors."""
 
 import importlib.util
+import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "first_samples.py"
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+SCRIPT = BENCHMARKS / "first_samples.py"
 
 
 def load():
+    if str(BENCHMARKS) not in sys.path:  # as when run as a script: it imports its neighbour vs_trl
+        sys.path.insert(0, str(BENCHMARKS))
     spec = importlib.util.spec_from_file_location("first_samples", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
