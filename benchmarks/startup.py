@@ -35,8 +35,9 @@ def unpack(ref: str, into: Path) -> Path:
     return into
 
 
-def one_run(root: Path, steps: int, out: Path) -> dict[str, float]:
-    command = [sys.executable, "-m", "grpo_dist.launch", f"trainer.steps={steps}", f"trainer.output_dir={out}",
+def one_run(root: Path, steps: int, out: Path, job: tuple[str, ...] = ()) -> dict[str, float]:
+    """The default job, or the one `job`'s arguments make (a --config and overrides), for `steps`."""
+    command = [sys.executable, "-m", "grpo_dist.launch", *job, f"trainer.steps={steps}", f"trainer.output_dir={out}",
                "cluster.address=local",  # never another user's running cluster
                "trainer.run_name=run", "trainer.progress=false"]
     spawned = time.time()
@@ -47,9 +48,9 @@ def one_run(root: Path, steps: int, out: Path) -> dict[str, float]:
         raise RuntimeError(result.stderr[-3000:])
     records = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if r["kind"] == "train"]
-    return {"first_step_s": train[0]["time/learn_ended"] - spawned,
+    return {"first_step_s": train[0]["time/learn_ended"] - spawned, "first_step_own_s": train[0]["time/step_s"],
             "last_step_to_exit_s": ended - train[-1]["time/learn_ended"],
-            "step_s": statistics.median(r["time/step_s"] for r in train[1:]), "wall_s": ended - spawned}
+            "step_s": statistics.median(r["time/step_s"] for r in train[1:] or train), "wall_s": ended - spawned}
 
 
 def main() -> None:

@@ -2,6 +2,7 @@
 can take on this machine: ours against bare floors, alternating, in one invocation.
 
     .venv/bin/python benchmarks/startup_floor.py [--steps 3] [--repeats 3]
+    .venv/bin/python benchmarks/startup_floor.py --job real [--repeats 3]
 
 Each time is seconds from the moment its process is spawned, measured the same way as in
 benchmarks/startup.py (ours: step 1's `time/learn_ended`):
@@ -15,6 +16,13 @@ benchmarks/startup.py (ours: step 1's `time/learn_ended`):
   needs; done when all three have. Nothing is loaded, evaluated or trained yet: any design
   with the learner and the rollout engine in processes of their own pays at least this before
   its first step.
+
+`--job real` runs the real-model recipe (configs/smollm2_word_problems.yaml on SmolLM2-135M-Instruct,
+one step, no evaluation), and its floor's two actors also load the model as the recipe's learner
+and engine do: `AutoModelForCausalLM.from_pretrained` in float32, and vLLM's `LLM` built in the
+process with the recipe's settings. Ours is then reported twice: to the end of its first optimizer
+step, and to that step's start (the end less `time/step_s`: 64 completions of up to 48 tokens
+are compute that no floor holds).
 """
 
 from __future__ import annotations
@@ -30,12 +38,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from startup import ROOT, one_run  # noqa: E402
+from vs_trl import JOBS, real_model_folder  # noqa: E402
 
 ONE_PROCESS = "import torch; from transformers import AutoModelForCausalLM, AutoTokenizer"
 
 RAY_FLOOR = """
 import json, os, sys, threading, time
-spawned = float(sys.argv[1])
+spawned, MODEL = float(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else ""
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 import ray
 
@@ -50,26 +59,37 @@ ray_up = time.time()
 
 @ray.remote(num_cpus=1)
 class Bare:
-    def __init__(self):
+    def __init__(self, load):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
+        if load == "hf":
+            torch.set_num_threads(2)
+            self.model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32)
+        elif load == "vllm":
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+            torch.set_num_threads(2)
+            from vllm import LLM
+            self.llm = LLM(MODEL, dtype="float32", max_model_len=512, enforce_eager=True,
+                           distributed_executor_backend="uni", kv_cache_memory_bytes=1 << 29)
 
     def ready(self):
         return time.time()
 
-actors = [Bare.remote() for _ in range(2)]
+actors = [Bare.remote(load) for load in (["hf", "vllm"] if MODEL else ["none", "none"])]
 actors_ready = max(ray.get([actor.ready.remote() for actor in actors]))
 driver.join()
-print(json.dumps({"ray_up_s": ray_up - spawned, "driver_and_two_actors_imported_s": max(actors_ready, time.time()) - spawned}))
+floor = "driver_and_two_actors_loaded_s" if MODEL else "driver_and_two_actors_imported_s"
+print(json.dumps({"ray_up_s": ray_up - spawned, floor: max(actors_ready, time.time()) - spawned}))
 ray.shutdown()
 """
 
 
-def timed(code: str) -> dict[str, float]:
-    """Run `code` in a new interpreter, given its spawn time as argv[1]; its last line is JSON,
-    else the seconds to its end are the answer."""
+def timed(code: str, *args: str) -> dict[str, float]:
+    """Run `code` in a new interpreter, given its spawn time as argv[1] (then `args`); its last line
+    is JSON, else the seconds to its end are the answer."""
     spawned = time.time()
-    result = subprocess.run([sys.executable, "-c", code, str(spawned)], capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-c", code, str(spawned), *args], capture_output=True, text=True)
     ended = time.time()
     if result.returncode != 0:
         raise RuntimeError(result.stderr[-3000:])
@@ -79,24 +99,28 @@ def timed(code: str) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--job", choices=["default", "real"], default="default")
+    parser.add_argument("--steps", type=int, default=None, help="ours' steps (default: 3; the real job 1)")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
+    model = real_model_folder() if args.job == "real" else ""
+    job = ("--config", JOBS["real"]["config"], f"model.path={model}", "data.eval=null") if model else ()
     samples: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(args.repeats):
-            ours = one_run(ROOT, args.steps, Path(tmp) / f"ours-{repeat}")
-            measured = {**timed(ONE_PROCESS), **timed(RAY_FLOOR), "ours_first_step_s": ours["first_step_s"]}
+            ours = one_run(ROOT, args.steps or (1 if model else 3), Path(tmp) / f"ours-{repeat}", job)
+            measured = {**timed(ONE_PROCESS), **timed(RAY_FLOOR, model), "ours_first_step_s": ours["first_step_s"]}
+            if model:
+                measured["ours_first_step_start_s"] = ours["first_step_s"] - ours["first_step_own_s"]
             for key, value in measured.items():
                 samples.setdefault(key, []).append(value)
             print(json.dumps({k: round(v, 2) for k, v in measured.items()}), flush=True)
     medians = {key: statistics.median(values) for key, values in samples.items()}
-    floor = medians["driver_and_two_actors_imported_s"]
-    print(f"\nmedians over {args.repeats} runs each | seconds from spawn | / floor")
+    floor = medians["driver_and_two_actors_loaded_s" if model else "driver_and_two_actors_imported_s"]
+    print(f"\n{args.job} job, medians over {args.repeats} runs each | seconds from spawn | / floor")
     print("---|---|---")
     for key, value in medians.items():
         print(f"{key} | {value:.2f} | {value / floor:.2f}")
-
 
 if __name__ == "__main__":
     main()
