@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from fractions import Fraction
-
-from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+from types import ModuleType
 
 from grpo_dist.reward.registry import inline
 
@@ -16,7 +16,6 @@ NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+)?")
 BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 # <think>…</think> then <answer>…</answer>, neither tag repeated, whitespace around.
 THINK_ANSWER = r"\s*<think>((?!</?think>).)*</think>\s*<answer>((?!</?answer>).)*</answer>\s*"
-_MATH_TARGETS = (LatexExtractionConfig(), ExprExtractionConfig())
 
 
 def extract_tagged_answer(completion: str) -> str | None:
@@ -83,10 +82,20 @@ for _logger in ("math_verify.parser", "math_verify.grader"):
     logging.getLogger(_logger).addFilter(_DropTimeoutDisabledWarning())
 
 
+@functools.cache
+def _math_verify() -> tuple[ModuleType, tuple]:
+    """math-verify and its extraction targets, imported at the first math_answer: importing it takes
+    0.4 s, which every launch paid before Ray started (the config check imports this module)."""
+    import math_verify
+
+    return math_verify, (math_verify.LatexExtractionConfig(), math_verify.ExprExtractionConfig())
+
+
 def _parse_math(text: str) -> list:
     # Timeouts off: math-verify's own use signal.alarm, which fails off the main thread
     # and replaces the process's SIGALRM handler. The scoring pool's deadline bounds a hang.
-    return parse(f"${text}$", extraction_config=_MATH_TARGETS, parsing_timeout=None)
+    math_verify, targets = _math_verify()
+    return math_verify.parse(f"${text}$", extraction_config=targets, parsing_timeout=None)
 
 
 def math_answer(prompt: str, completion: str, answer: str, **fields: object) -> float:
@@ -102,7 +111,7 @@ def math_answer(prompt: str, completion: str, answer: str, **fields: object) -> 
     given = extract_final_answer(completion)
     if given is None:
         return 0.0
-    return float(verify(gold, _parse_math(given), timeout_seconds=None))
+    return float(_math_verify()[0].verify(gold, _parse_math(given), timeout_seconds=None))
 
 
 def answer_format(prompt: str, completion: str, pattern: str = THINK_ANSWER, **fields: object) -> float:
