@@ -22,6 +22,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from grpo_dist.controller.cluster import choose_cluster, connect_ray, ray_environment, shutdown_ray
 from grpo_dist.config.schema import Config, ConfigError, compose_tree, dump_config, load_config
@@ -96,13 +97,19 @@ def check_new_run_dir(run_dir: Path) -> None:
         )
 
 
-def import_trainer() -> tuple[type, type]:
-    """The TrainingRun and Actors classes: their imports (torch, transformers, the actors' modules)
-    take seconds."""
-    from grpo_dist.controller.actors import Actors
+def import_trainer() -> type:
+    """The TrainingRun class: its imports (torch, transformers, the controller's modules) take seconds."""
     from grpo_dist.controller.run import TrainingRun
 
-    return TrainingRun, Actors
+    return TrainingRun
+
+
+def create_actors(config: Config) -> Any:
+    """Every actor of the run, created and not waited for (controller/actors.py): their classes
+    import nothing heavy here (controller/actor_classes.py), so this runs as soon as Ray is up."""
+    from grpo_dist.controller.actors import Actors  # imports ray: after ray_environment
+
+    return Actors.create(config)
 
 
 def connect_or_error(config: Config, join: str | None) -> StartError | None:
@@ -131,20 +138,20 @@ def main(argv: list[str] | None = None) -> int:
         ray_environment(join)  # before the data's imports may import ray
         with ThreadPoolExecutor(1, thread_name_prefix="data") as pool:
             # While Ray starts, one thread imports the trainer, then reads the data (the tokenizer,
-            # tokenizing); the actors are created once both Ray and the imports are there, and
-            # start (their own imports, model loads) while the data are still read. Bad data is
-            # exit 2 all the same: Ray is stopped, and the actors with it.
+            # tokenizing); the actors are created as soon as Ray is up and start (their own imports,
+            # model loads) while the trainer is still imported and the data read. Bad data is exit 2
+            # all the same: Ray is stopped, and the actors with it.
             imported = pool.submit(import_trainer)
             data_read = pool.submit(prepare_data, plan.config)  # after the imports: one thread imports
             with timeline.phase("ray_start_beside_data"):
                 connected = connect_or_error(plan.config, join)
-            with timeline.phase("trainer_imports_after_ray_start"):
-                TrainingRun, Actors = imported.result()
             actors = None
             if connected is None:
                 with timeline.phase("actors_created"):
-                    actors = Actors.create(plan.config)
-            with timeline.phase("data_after_ray_start"):
+                    actors = create_actors(plan.config)
+            with timeline.phase("trainer_imports_after_actors_created"):
+                TrainingRun = imported.result()
+            with timeline.phase("data_after_trainer_imports"):
                 data = data_read.result()
             if isinstance(connected, StartError):
                 raise connected

@@ -8,7 +8,7 @@ import torch
 
 from grpo_dist.config.schema import load_config
 from grpo_dist.tasks.data import build_prompts
-from grpo_dist.learner.group import start_learner
+from grpo_dist.controller.actor_classes import start_learner
 from grpo_dist.learner.schedule import make_scheduler
 from grpo_dist.learner.worker import Learner
 from grpo_dist.common.models import load_tokenizer

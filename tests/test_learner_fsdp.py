@@ -39,7 +39,7 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the helpers b
 
 def on_every_rank(group, function):
     """`function(learner)` run inside each rank's actor at once (collectives need all); the results."""
-    return ray.get(group.__ray_call__.remote(lambda g: ray.get([r.__ray_call__.remote(function) for r in g.ranks])))
+    return ray.get(group.__ray_call__.remote(lambda g: ray.get([r.__ray_call__.remote(function) for r in g.target.ranks])))
 
 
 def use_sgd(learner):

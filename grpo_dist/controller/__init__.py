@@ -5,6 +5,7 @@
     evaluator.py      Evaluator: the held-out accuracy inside a run, evaluated again when an actor is lost
     checkpointing.py  Checkpointer: a step's checkpoint (driver's and learner's share) saved, a resume restored
     actors.py         the actors started in their placement groups, stopped; the learner's calls (LearnerWatch)
+    actor_classes.py  the actors' classes as the driver creates them, their modules imported in the actors alone
     placement.py      placement groups per role, and whether a cluster can hold the run at all
     pipeline.py       a step's prompts in chunks, rollout -> reward -> learner, by reference
     batches.py        chunks, batches and scored batches: what the driver holds, and a scored batch's metrics

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 from ray.util.placement_group import PlacementGroup, remove_placement_group
@@ -17,11 +17,11 @@ from ray.util.placement_group import PlacementGroup, remove_placement_group
 from grpo_dist.config.schema import Config, effective_reward
 from grpo_dist.controller.errors import LearnerLost, NotPlaced, RunFailed
 from grpo_dist.controller.placement import create_placement_group, roles, unplaced
-from grpo_dist.learner.group import start_learner
-from grpo_dist.reward.worker import RewardWorker
-from grpo_dist.rollout.worker import RolloutWorker
+from grpo_dist.controller.actor_classes import RewardWorker, RolloutWorker, start_learner
 from grpo_dist.common.waits import ActorLost, cause_line, fetch, first_line, timeout_error
-from grpo_dist.weights import WeightSync
+
+if TYPE_CHECKING:  # the weights' modules import torch; this module is imported before the actors start
+    from grpo_dist.weights import WeightSync
 
 # Runtime environment of the rollout and reward actors: every return value is put in the
 # object store (the threshold under which Ray inlines it into the caller is 0 bytes), so the

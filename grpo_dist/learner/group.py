@@ -1,7 +1,7 @@
 """Several learner ranks that the controller uses as one learner.
 
-`start_learner(config)` returns the actor the controller talks to: a `Learner` when
-`learner.num_ranks` is 1, else a `LearnerGroup`, an actor of its own (no CPUs) that starts
+`start_learner(config)` (controller/actor_classes.py) returns the actor the controller talks to: a
+`Learner` when `learner.num_ranks` is 1, else a `LearnerGroup`, an actor of its own (no CPUs) that starts
 K `Learner` ranks in one placement group (a bundle of learner.num_cpus / num_gpus each,
 packed), joins them into one data-parallel group (distributed.py: gloo on CPUs, NCCL on
 GPUs) and offers the Learner's methods:
@@ -37,7 +37,7 @@ from typing import Any, Literal
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 
-from grpo_dist.config.schema import AlgoConfig, Config, LearnerConfig, ModelConfig, RolloutConfig
+from grpo_dist.config.schema import AlgoConfig, LearnerConfig, ModelConfig, RolloutConfig
 from grpo_dist.learner.worker import Learner
 from grpo_dist.common.waits import ActorLost, fetch
 from grpo_dist.controller.placement import in_bundle
@@ -74,21 +74,6 @@ def learner_bundles(learner: LearnerConfig) -> list[dict[str, float]]:
     """One placement-group bundle per rank: its CPUs and GPUs."""
     bundle = {name: amount for name, amount in (("CPU", learner.num_cpus), ("GPU", learner.num_gpus)) if amount}
     return [bundle] * learner.num_ranks
-
-
-def start_learner(config: Config, placement: PlacementGroup | None = None) -> Any:
-    """The learner actor for `config`: one Learner, or a LearnerGroup over learner.num_ranks ranks.
-
-    `placement`, when given, holds `learner_bundles(config.learner)`: the learner (rank i) goes
-    into bundle i; otherwise a single learner is placed freely and a group makes its own.
-    """
-    learner = config.learner
-    args = (config.model, config.algo, learner, config.rollout, config.trainer.seed, config.trainer.steps)
-    if learner.num_ranks > 1:
-        return ray.remote(LearnerGroup).options(num_cpus=0).remote(*args, placement=placement,
-                                                                   timeout_s=config.trainer.call_timeout_s)
-    where = {} if placement is None else {"scheduling_strategy": in_bundle(placement, 0)}
-    return ray.remote(Learner).options(num_cpus=learner.num_cpus, num_gpus=learner.num_gpus, **where).remote(*args)
 
 
 # How long an exception in one rank waits for news of a dead peer: a rank killed in a

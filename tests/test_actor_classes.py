@@ -1,0 +1,59 @@
+"""The actors' classes as the driver creates them (controller/actor_classes.py): the real classes'
+methods, no heavy import in the driver, the real object built in the actor's process."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import ray
+
+from grpo_dist.config.schema import effective_reward, load_config
+from grpo_dist.controller import actor_classes
+from grpo_dist.learner.group import LearnerGroup
+from grpo_dist.learner.worker import Learner
+from grpo_dist.reward.worker import RewardWorker
+from grpo_dist.rollout.worker import RolloutWorker
+from test_reward_worker import group
+
+REAL = {"RolloutWorker": RolloutWorker, "RewardWorker": RewardWorker, "Learner": Learner, "LearnerGroup": LearnerGroup}
+
+
+def public_methods(cls: type) -> set[str]:
+    return {name for name in dir(cls) if not name.startswith("_") and callable(getattr(cls, name))}
+
+
+@pytest.mark.parametrize("name", sorted(REAL))
+def test_each_class_offers_exactly_the_real_classes_public_methods(name):
+    forwarding = getattr(actor_classes, name)
+    assert forwarding.__name__ == name
+    assert public_methods(forwarding) == public_methods(REAL[name])
+
+
+def test_a_method_missing_from_a_list_is_seen():
+    trimmed = actor_classes.forwarding_class("grpo_dist.rollout.worker", "RolloutWorker", ("generate",))
+    assert public_methods(RolloutWorker) - public_methods(trimmed) == public_methods(RolloutWorker) - {"generate"}
+
+
+def test_the_driver_creates_the_actors_without_importing_torch_or_transformers():
+    """launch creates the actors as soon as Ray is up; with torch imported first it would wait seconds."""
+    code = ("import sys, grpo_dist.controller.actors, grpo_dist.controller.actor_classes; "
+            "print(sorted(m for m in ('torch', 'transformers', 'vllm') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}).stdout
+    assert out.strip() == "[]"
+
+
+def test_the_real_object_is_built_and_called_in_the_actors_process():
+    """A forwarding RewardWorker scores as the real one does: the default job's reward, by hand."""
+    config = load_config(None, [])
+    answers = group(["<answer>125</answer>", "<answer>115</answer>", "125"], answer="125")
+    ray.init(num_cpus=2, include_dashboard=False)
+    try:
+        reward = ray.remote(actor_classes.RewardWorker).options(num_cpus=1).remote(effective_reward(config))
+        scored, _ = ray.get(reward.score.remote([answers]))
+        ray.get(reward.close.remote())
+    finally:
+        ray.shutdown()
+    assert scored[0].rewards == RewardWorker(effective_reward(config)).score([answers])[0][0].rewards
+    assert scored[0].reward_parts["exact_answer"] == [1.0, 0.0, 0.0]
