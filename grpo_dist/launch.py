@@ -22,10 +22,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from grpo_dist.controller.cluster import choose_cluster, connect_ray, ray_environment, shutdown_ray
 from grpo_dist.config.schema import Config, ConfigError, compose_tree, dump_config, load_config
+from grpo_dist.controller.actors import Actors  # no torch: the actors' classes are controller/actor_classes.py
 from grpo_dist.controller.manifest import CheckpointError
 from grpo_dist.controller.resume import (Checkpoint, check_resume_config, find_checkpoint, resume_checkpoint,
                                          resume_hint)
@@ -104,14 +104,6 @@ def import_trainer() -> type:
     return TrainingRun
 
 
-def create_actors(config: Config) -> Any:
-    """Every actor of the run, created and not waited for (controller/actors.py): their classes
-    import nothing heavy here (controller/actor_classes.py), so this runs as soon as Ray is up."""
-    from grpo_dist.controller.actors import Actors  # imports ray: after ray_environment
-
-    return Actors.create(config)
-
-
 def connect_or_error(config: Config, join: str | None) -> StartError | None:
     """connect_ray, its StartError returned: a data error, found meanwhile, is told first."""
     try:
@@ -148,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
             actors = None
             if connected is None:
                 with timeline.phase("actors_created"):
-                    actors = create_actors(plan.config)
+                    actors = Actors.create(plan.config)
             with timeline.phase("trainer_imports_after_actors_created"):
                 TrainingRun = imported.result()
             with timeline.phase("data_after_trainer_imports"):
