@@ -1,6 +1,7 @@
 """The actors' classes as the driver creates them (controller/actor_classes.py): the real classes'
 methods, no heavy import in the driver, the real object built in the actor's process."""
 
+import json
 import os
 import subprocess
 import sys
@@ -35,22 +36,23 @@ def test_a_method_missing_from_a_list_is_seen():
     assert public_methods(RolloutWorker) - public_methods(trimmed) == public_methods(RolloutWorker) - {"generate"}
 
 
-def test_the_driver_creates_the_actors_without_importing_torch_or_transformers():
-    """launch creates the actors as soon as Ray is up; with torch imported first it would wait seconds."""
-    code = ("import sys, grpo_dist.controller.actors, grpo_dist.controller.actor_classes; "
-            "print(sorted(m for m in ('torch', 'transformers', 'vllm') if m in sys.modules))")
+def imported_by(modules: str, watched: tuple[str, ...]) -> list[str]:
+    """Which of `watched` a fresh interpreter has in sys.modules after importing `modules`."""
+    code = f"import json, sys, {modules}; print(json.dumps(sorted(m for m in {watched!r} if m in sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}).stdout
-    assert out.strip() == "[]"
+    return json.loads(out)
+
+
+def test_the_driver_creates_the_actors_without_importing_torch_or_transformers():
+    """launch creates the actors as soon as Ray is up; with torch imported first it would wait seconds."""
+    assert imported_by("grpo_dist.controller.actors, grpo_dist.controller.actor_classes",
+                       ("torch", "transformers", "vllm")) == []
 
 
 def test_a_rollout_worker_without_an_agent_does_not_import_the_agents_http_stack():
     """aiohttp and the agent's runner cost a rollout actor 0.12 s at start; only an agent's job needs them."""
-    code = ("import sys, grpo_dist.rollout.worker; "
-            "print(sorted(m for m in ('aiohttp', 'grpo_dist.agent.runner') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}).stdout
-    assert out.strip() == "[]"
+    assert imported_by("grpo_dist.rollout.worker", ("aiohttp", "grpo_dist.agent.runner")) == []
 
 
 def test_the_real_object_is_built_and_called_in_the_actors_process():
