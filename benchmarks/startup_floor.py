@@ -19,8 +19,9 @@ benchmarks/startup.py (ours: step 1's `time/learn_ended`):
 
 `--job real` runs the real-model recipe (configs/smollm2_word_problems.yaml on SmolLM2-135M-Instruct,
 one step, no evaluation), and its floor's two actors also load the model as the recipe's learner
-and engine do: `AutoModelForCausalLM.from_pretrained` in float32, and vLLM's `LLM` built in the
-process with the recipe's settings. Ours is then reported twice: to the end of its first optimizer
+and engine do: `AutoModelForCausalLM.from_pretrained` in float32, and the engine's model as the
+recipe's engine holds it (vLLM's `LLM` built in the process with the recipe's settings, or
+`from_pretrained` again for the transformers engine). `--engine` sets the engine of both. Ours is then reported twice: to the end of its first optimizer
 step, and to that step's start (the end less `time/step_s`: 64 completions of up to 48 tokens
 are compute that no floor holds).
 """
@@ -44,7 +45,7 @@ ONE_PROCESS = "import torch; from transformers import AutoModelForCausalLM, Auto
 
 RAY_FLOOR = """
 import json, os, sys, threading, time
-spawned, MODEL = float(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else ""
+spawned, MODEL, ENGINE = float(sys.argv[1]), *(sys.argv[2:4] if len(sys.argv) > 2 else ("", ""))
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 import ray
 
@@ -76,7 +77,7 @@ class Bare:
     def ready(self):
         return time.time()
 
-actors = [Bare.remote(load) for load in (["hf", "vllm"] if MODEL else ["none", "none"])]
+actors = [Bare.remote(load) for load in (["hf", "vllm" if ENGINE == "vllm" else "hf"] if MODEL else ["none", "none"])]
 actors_ready = max(ray.get([actor.ready.remote() for actor in actors]))
 driver.join()
 floor = "driver_and_two_actors_loaded_s" if MODEL else "driver_and_two_actors_imported_s"
@@ -97,19 +98,32 @@ def timed(code: str, *args: str) -> dict[str, float]:
     return json.loads(lines[-1]) if lines else {"one_process_imports_s": ended - spawned}
 
 
+def recipe_engine(model: str) -> str:
+    """The engine the real recipe names (`auto` resolved as a rollout worker on the CPU resolves it)."""
+    from grpo_dist.config.schema import load_config
+    from grpo_dist.rollout.worker import resolve_engine
+
+    config = load_config(str(ROOT / JOBS["real"]["config"]), [f"model.path={model}"])
+    return resolve_engine(config.rollout.engine, model_path=model)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--job", choices=["default", "real"], default="default")
     parser.add_argument("--steps", type=int, default=None, help="ours' steps (default: 3; the real job 1)")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--engine", choices=["vllm", "transformers"], default=None,
+                        help="the real job's engine, ours and the floor's (default: the recipe's)")
     args = parser.parse_args()
     model = real_model_folder() if args.job == "real" else ""
-    job = ("--config", JOBS["real"]["config"], f"model.path={model}", "data.eval=null") if model else ()
+    engine = args.engine or (recipe_engine(model) if model else "")
+    job = ("--config", JOBS["real"]["config"], f"model.path={model}", "data.eval=null",
+           f"rollout.engine={engine}") if model else ()
     samples: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(args.repeats):
             ours = one_run(ROOT, args.steps or (1 if model else 3), Path(tmp) / f"ours-{repeat}", job)
-            measured = {**timed(ONE_PROCESS), **timed(RAY_FLOOR, model), "ours_first_step_s": ours["first_step_s"]}
+            measured = {**timed(ONE_PROCESS), **timed(RAY_FLOOR, *((model, engine) if model else ())), "ours_first_step_s": ours["first_step_s"]}
             if model:
                 measured["ours_first_step_start_s"] = ours["first_step_s"] - ours["first_step_own_s"]
             for key, value in measured.items():
@@ -117,7 +131,7 @@ def main() -> None:
             print(json.dumps({k: round(v, 2) for k, v in measured.items()}), flush=True)
     medians = {key: statistics.median(values) for key, values in samples.items()}
     floor = medians["driver_and_two_actors_loaded_s" if model else "driver_and_two_actors_imported_s"]
-    print(f"\n{args.job} job, medians over {args.repeats} runs each | seconds from spawn | / floor")
+    print(f"\n{args.job} job{f' ({engine} engine)' if engine else ''}, medians over {args.repeats} runs each | seconds from spawn | / floor")
     print("---|---|---")
     for key, value in medians.items():
         print(f"{key} | {value:.2f} | {value / floor:.2f}")
