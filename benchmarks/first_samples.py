@@ -211,6 +211,11 @@ def measure(name: str, model: str, prompts: int, moved: float = 0.0) -> dict[str
             "abs(sampler's logprob - the model's), mean per token": mean_and_error(served)}
 
 
+def number(value: float) -> str:
+    """Three decimals, or three significant digits below 0.001 (the served-logprob row)."""
+    return f"{value:.2e}" if 0 < abs(value) < 1e-3 else f"{value:.3f}"
+
+
 def table(results: dict[str, dict[str, tuple[float, float]]]) -> str:
     """Mean ± SE per sampler, then each sampler's distance from the baseline in standard errors."""
     names = list(results)
@@ -218,7 +223,7 @@ def table(results: dict[str, dict[str, tuple[float, float]]]) -> str:
     lines = [" | ".join(["", *names, *(f"{name} - {BASELINE}, SEs" for name in compared)]),
              "|".join(["---"] * (1 + len(names) + len(compared)))]
     for row in results[names[0]]:
-        cells = [f"{results[name][row][0]:.3f} ± {results[name][row][1]:.3f}" for name in names]
+        cells = [f"{number(results[name][row][0])} ± {number(results[name][row][1])}" for name in names]
         for name in compared:
             (value, error), (base, base_error) = results[name][row], results[BASELINE][row]
             cells.append(f"{(value - base) / math.hypot(error, base_error):+.2f}" if base_error else "")
