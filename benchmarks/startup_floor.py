@@ -21,8 +21,8 @@ benchmarks/startup.py (ours: step 1's `time/learn_ended`):
 one step, no evaluation), and its floor's two actors also load the model as the recipe's learner
 and engine do: `AutoModelForCausalLM.from_pretrained` in float32, and the engine's model as the
 recipe's engine holds it (vLLM's `LLM` built in the process with the recipe's settings, or
-`from_pretrained` again for the transformers engine). `--engine` sets the engine of both. Ours is then reported twice: to the end of its first optimizer
-step, and to that step's start (the end less `time/step_s`: 64 completions of up to 48 tokens
+`from_pretrained` again for the transformers engine); `--engine` sets the engine of both. Ours is
+then reported twice: to the end of its first optimizer step, and to that step's start (the end less `time/step_s`: 64 completions of up to 48 tokens
 are compute that no floor holds).
 """
 
@@ -123,7 +123,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(args.repeats):
             ours = one_run(ROOT, args.steps or (1 if model else 3), Path(tmp) / f"ours-{repeat}", job)
-            measured = {**timed(ONE_PROCESS), **timed(RAY_FLOOR, *((model, engine) if model else ())), "ours_first_step_s": ours["first_step_s"]}
+            floor_args = (model, engine) if model else ()
+            measured = {**timed(ONE_PROCESS), **timed(RAY_FLOOR, *floor_args), "ours_first_step_s": ours["first_step_s"]}
             if model:
                 measured["ours_first_step_start_s"] = ours["first_step_s"] - ours["first_step_own_s"]
             for key, value in measured.items():
