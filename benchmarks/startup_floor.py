@@ -22,8 +22,8 @@ one step, no evaluation), and its floor's two actors also load the model as the 
 and engine do: `AutoModelForCausalLM.from_pretrained` in float32, and the engine's model as the
 recipe's engine holds it (vLLM's `LLM` built in the process with the recipe's settings, or
 `from_pretrained` again for the transformers engine); `--engine` sets the engine of both. Ours is
-then reported twice: to the end of its first optimizer step, and to that step's start (the end less `time/step_s`: 64 completions of up to 48 tokens
-are compute that no floor holds).
+then reported twice: to the end of its first optimizer step, and to that step's start (the end
+less `time/step_s`: 64 completions of up to 48 tokens are compute that no floor holds).
 """
 
 from __future__ import annotations
