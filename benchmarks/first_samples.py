@@ -152,8 +152,7 @@ def against_the_model(config: Any, rows: list[Any], samples: list[tuple[str, lis
     group_size, temperature = config.rollout.group_size, config.rollout.temperature
     surprise, tail, served = [], [], []
     for index, row in enumerate(rows):  # one batch per prompt: its G completions, right-padded
-        group = [ids for _, ids, _, _ in samples[index * group_size:(index + 1) * group_size]]
-        given = [lps for _, _, lps, _ in samples[index * group_size:(index + 1) * group_size]]
+        _, group, given, _ = zip(*samples[index * group_size:(index + 1) * group_size])  # ids, logprobs
         width = max(len(ids) for ids in group)
         batch = torch.tensor([row.ids + ids + [0] * (width - len(ids)) for ids in group])
         with torch.no_grad():
