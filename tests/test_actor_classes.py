@@ -3,6 +3,7 @@ methods, no heavy import in the driver, the real object built in the actor's pro
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -11,10 +12,13 @@ import ray
 
 from grpo_dist.config.schema import effective_reward, load_config
 from grpo_dist.controller import actor_classes
+from grpo_dist.controller.actors import Actors, actor_state
+from grpo_dist.controller.cluster import connect_ray, passes_by_reference, shutdown_ray
 from grpo_dist.learner.group import LearnerGroup
 from grpo_dist.learner.worker import Learner
 from grpo_dist.reward.worker import RewardWorker
 from grpo_dist.rollout.worker import RolloutWorker
+from faults import wait_restarted
 from test_reward_worker import group
 
 REAL = {"RolloutWorker": RolloutWorker, "RewardWorker": RewardWorker, "Learner": Learner, "LearnerGroup": LearnerGroup}
@@ -59,7 +63,7 @@ def test_the_real_object_is_built_and_called_in_the_actors_process():
     """A forwarding RewardWorker scores as the real one does: the default job's reward, by hand."""
     config = load_config(None, [])
     answers = group(["<answer>125</answer>", "<answer>115</answer>", "125"], answer="125")
-    ray.init(num_cpus=2, include_dashboard=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
     try:
         reward = ray.remote(actor_classes.RewardWorker).options(num_cpus=1).remote(effective_reward(config))
         scored, _ = ray.get(reward.score.remote([answers]))
@@ -68,3 +72,33 @@ def test_the_real_object_is_built_and_called_in_the_actors_process():
         ray.shutdown()
     assert scored[0].rewards == RewardWorker(effective_reward(config)).score([answers])[0][0].rewards
     assert scored[0].reward_parts["exact_answer"] == [1.0, 0.0, 0.0]
+
+
+def test_on_the_local_cluster_launch_starts_results_stay_out_of_the_driver_and_actors_survive_restarts(ray_stopped):
+    """Launch's local cluster puts every result in the object store (cluster.LOCAL_SYSTEM_CONFIG),
+    so its actors need no runtime environment; every argument goes there too, and Ray drops a
+    creation task's arguments once the actor is created: a reward actor killed twice must still
+    come back and score, its constructor's arguments bound into its class (with_arguments)."""
+    config = load_config(None, ["cluster.address=local"])
+    answers = group(["<answer>125</answer>", "<answer>115</answer>"], answer="125")
+    connect_ray(config, None)
+    try:
+        assert passes_by_reference()
+        actors = Actors.create(config, learner=False)
+        reward = actors.rewards[0]
+        ray.get(reward.__ray_ready__.remote())
+        core_worker = ray._private.worker.global_worker.core_worker
+        for restart in range(3):
+            before = core_worker.get_local_memory_store_bytes_used()
+            done = reward.score.remote([answers])
+            ray.wait([done], timeout=60)
+            assert core_worker.get_local_memory_store_bytes_used() == before, f"inlined into the driver ({restart})"
+            assert ray.get(done)[0][0].reward_parts["exact_answer"] == [1.0, 0.0]
+            pid = ray.get(reward.__ray_call__.remote(lambda _: os.getpid()))
+            os.kill(pid, signal.SIGKILL)
+            wait_restarted("RewardWorker", pid)
+        assert actor_state(reward) == ("ALIVE", 3) or ray.get(reward.__ray_ready__.remote()) is None
+        assert ray.get(reward.score.remote([answers]))[0][0].reward_parts["exact_answer"] == [1.0, 0.0]
+        actors.stop()
+    finally:
+        shutdown_ray()

@@ -8,6 +8,9 @@ method calls it. So `launch` creates the actors the moment Ray is up, and they i
 while the driver imports the rest of the trainer. tests/test_actor_classes.py holds each list of
 methods to its class's public methods (a method added there and not here fails it).
 
+`with_arguments(cls, ...)` binds a class's constructor arguments into a subclass, so that they
+travel with the class's definition rather than as the creation task's arguments (see there).
+
 `start_learner(config)` creates the learner a run talks to: one Learner, or a LearnerGroup of
 `learner.num_ranks` Learner ranks (learner/group.py).
 """
@@ -43,6 +46,23 @@ def forwarding_class(module: str, name: str, methods: tuple[str, ...]) -> type:
                  "__doc__": f"{module}.{name}, built in the actor's process (as `self.target`).",
                  **{method: forward(method) for method in methods}}
     return type(name, (), namespace)
+
+
+def with_arguments(cls: type, *args: Any, **kwargs: Any) -> type:
+    """A subclass of `cls`, of the same name, whose constructor takes no arguments and calls cls's
+    with `args` and `kwargs`.
+
+    Ray keeps an actor class's definition in its GCS for as long as the cluster lives, and builds
+    a restarted actor from it; the creation task's arguments it keeps only as long as references
+    to them live, and on a cluster that puts every argument in the object store (a local one,
+    cluster.py) it drops them once the actor is created: the second restart of an actor then fails
+    (ReferenceCountingAssertionError, ray-project/ray#53727). Bound here, they cannot be lost.
+    """
+
+    def __init__(self: Any) -> None:
+        cls.__init__(self, *args, **kwargs)
+
+    return type(cls.__name__, (cls,), {"__init__": __init__, "__doc__": cls.__doc__})
 
 
 RolloutWorker = forwarding_class("grpo_dist.rollout.worker", "RolloutWorker", (

@@ -18,6 +18,12 @@ from grpo_dist.controller.placement import check_capacity, required_resources
 
 PROBE_TIMEOUT_S = 2.0
 
+# The local cluster's Ray settings: every result and argument, however small, goes to the object
+# store (pipeline.py says why the driver must hold references only). A joined cluster has its own
+# settings: there the rollout and reward actors get this one in their runtime environment
+# (actors.BY_REFERENCE), which costs each a worker process of its own, started when it is created.
+LOCAL_SYSTEM_CONFIG = {"max_direct_call_object_size": 0}
+
 
 def ray_address_file() -> Path:
     """Where `ray start` records the running cluster's address (Ray's rule, read without importing ray)."""
@@ -134,7 +140,7 @@ def connect_ray(config: Config, join: str | None) -> None:
         ray_constants.ENABLE_RAY_CLUSTER = False
         cpus = config.cluster.num_cpus or max(os.cpu_count() or 1, math.ceil(required_resources(config)["CPU"]))
         context = ray.init(address="local", num_cpus=cpus, include_dashboard=config.cluster.dashboard,
-                           dashboard_host="127.0.0.1", **common)
+                           dashboard_host="127.0.0.1", _system_config=LOCAL_SYSTEM_CONFIG, **common)
         if context.dashboard_url:
             print(f"Ray dashboard: http://{context.dashboard_url}", file=sys.stderr)
     else:
@@ -145,6 +151,16 @@ def connect_ray(config: Config, join: str | None) -> None:
     except StartError:
         shutdown_ray()
         raise
+
+
+def passes_by_reference() -> bool:
+    """Whether the connected cluster is a local one started with LOCAL_SYSTEM_CONFIG (by
+    `connect_ray`): then every process of it already returns its results through the object store.
+    (A joined cluster's settings are not known to the driver: False.)"""
+    import ray
+
+    node = ray._private.worker._global_node
+    return node is not None and all(node._config.get(key) == value for key, value in LOCAL_SYSTEM_CONFIG.items())
 
 
 def shutdown_ray() -> None:

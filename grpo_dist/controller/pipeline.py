@@ -10,9 +10,10 @@ The chunks, batches and the metrics of a scored batch are batches.py's; this mod
 The driver holds object references and a few floats per chunk, never a group: Ray hands a
 chunk's groups from the rollout actor to the reward actor as soon as they exist, and the
 scored groups on to the learner, which resolves the references itself. Ray would return a
-value under 100 KiB to the caller's own memory and forward it from there, so the rollout
-and reward actors run with BY_REFERENCE: their results, however small, go to the object
-store of their node (docs/async.md has the driver's memory, measured).
+value under 100 KiB to the caller's own memory and forward it from there, so the local
+cluster launch starts has that threshold at 0 (cluster.LOCAL_SYSTEM_CONFIG), and on a joined
+cluster the rollout and reward actors run with it (actors.BY_REFERENCE): their results, however
+small, go to the object store of their node (docs/async.md has the driver's memory, measured).
 
 Versions. A Ray actor runs the calls one driver submits in the order it submitted them. The
 controller submits the push of weights version v before the chunks that v should sample, so
