@@ -87,15 +87,16 @@ ray.shutdown()
 
 
 def timed(code: str, *args: str) -> dict[str, float]:
-    """Run `code` in a new interpreter, given its spawn time as argv[1] (then `args`); its last line
-    is JSON, else the seconds to its end are the answer."""
+    """Run `code` in a new interpreter, given its spawn time as argv[1] (then `args`); its last JSON
+    line is the answer (an actor's log lines may follow it: Ray forwards them until it shuts down),
+    else the seconds to its end."""
     spawned = time.time()
     result = subprocess.run([sys.executable, "-c", code, str(spawned), *args], capture_output=True, text=True)
     ended = time.time()
     if result.returncode != 0:
         raise RuntimeError(result.stderr[-3000:])
-    lines = result.stdout.strip().splitlines()
-    return json.loads(lines[-1]) if lines else {"one_process_imports_s": ended - spawned}
+    answers = [line for line in result.stdout.splitlines() if line.startswith("{")]
+    return json.loads(answers[-1]) if answers else {"one_process_imports_s": ended - spawned}
 
 
 def recipe_engine(model: str) -> str:
