@@ -139,8 +139,9 @@ def connect_ray(config: Config, join: str | None) -> None:
     if join is None:  # the dashboard (and the Jobs API) only when asked: a local run does without them
         ray_constants.ENABLE_RAY_CLUSTER = False
         cpus = config.cluster.num_cpus or max(os.cpu_count() or 1, math.ceil(required_resources(config)["CPU"]))
+        # (a copy: Ray adds its spilling settings, this session's folder among them, to the dict it gets)
         context = ray.init(address="local", num_cpus=cpus, include_dashboard=config.cluster.dashboard,
-                           dashboard_host="127.0.0.1", _system_config=LOCAL_SYSTEM_CONFIG, **common)
+                           dashboard_host="127.0.0.1", _system_config=dict(LOCAL_SYSTEM_CONFIG), **common)
         if context.dashboard_url:
             print(f"Ray dashboard: http://{context.dashboard_url}", file=sys.stderr)
     else:
