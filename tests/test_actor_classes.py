@@ -94,7 +94,9 @@ def test_on_the_local_cluster_launch_starts_results_stay_out_of_the_driver_and_a
             before = core_worker.get_local_memory_store_bytes_used()
             done = reward.score.remote([answers])
             ray.wait([done], timeout=60)
-            assert core_worker.get_local_memory_store_bytes_used() == before, f"inlined into the driver ({restart})"
+            # (a result inlined into the driver would stay in its store while `done` lives; an earlier
+            # reference's entry may be freed meanwhile, so the store may shrink)
+            assert core_worker.get_local_memory_store_bytes_used() <= before, f"inlined into the driver ({restart})"
             assert ray.get(done)[0][0].reward_parts["exact_answer"] == [1.0, 0.0]
             pid = ray.get(reward.__ray_call__.remote(lambda _: os.getpid()))
             os.kill(pid, signal.SIGKILL)
