@@ -131,12 +131,18 @@ def main() -> None:
             for key, value in measured.items():
                 samples.setdefault(key, []).append(value)
             print(json.dumps({k: round(v, 2) for k, v in measured.items()}), flush=True)
+    print_against(samples, "driver_and_two_actors_loaded_s" if model else "driver_and_two_actors_imported_s",
+                  f"{args.job} job{f' ({engine} engine)' if engine else ''}, medians over {args.repeats} runs each"
+                  " | seconds from spawn | / floor")
+
+
+def print_against(samples: dict[str, list[float]], base: str, header: str) -> None:
+    """The table: each measure's median and its ratio to the median of `base`."""
     medians = {key: statistics.median(values) for key, values in samples.items()}
-    floor = medians["driver_and_two_actors_loaded_s" if model else "driver_and_two_actors_imported_s"]
-    print(f"\n{args.job} job{f' ({engine} engine)' if engine else ''}, medians over {args.repeats} runs each | seconds from spawn | / floor")
-    print("---|---|---")
+    print(f"\n{header}\n---|---|---")
     for key, value in medians.items():
-        print(f"{key} | {value:.2f} | {value / floor:.2f}")
+        print(f"{key} | {value:.2f} | {value / medians[base]:.2f}")
+
 
 if __name__ == "__main__":
     main()
