@@ -26,10 +26,8 @@ if TYPE_CHECKING:  # the weights' modules import torch; this module is imported 
 
 # Runtime environment of the rollout and reward actors on a joined cluster: every return value
 # is put in the object store (the threshold under which Ray inlines it into the caller is 0
-# bytes), so the driver holds references, never groups (pipeline.py). A local cluster that
-# connect_ray started has the setting everywhere (cluster.LOCAL_SYSTEM_CONFIG), and its actors
-# need no runtime environment: so each can take one of the worker processes Ray starts ahead
-# (1.2-1.5 s sooner ready on 2 cores than a process started for its environment).
+# bytes), so the driver holds references, never groups (pipeline.py). A local cluster has the
+# setting everywhere already (cluster.LOCAL_SYSTEM_CONFIG says what that saves).
 BY_REFERENCE = {"env_vars": {"RAY_max_direct_call_object_size": "0"}}
 
 

@@ -21,7 +21,8 @@ PROBE_TIMEOUT_S = 2.0
 # The local cluster's Ray settings: every result and argument, however small, goes to the object
 # store (pipeline.py says why the driver must hold references only). A joined cluster has its own
 # settings: there the rollout and reward actors get this one in their runtime environment
-# (actors.BY_REFERENCE), which costs each a worker process of its own, started when it is created.
+# (actors.BY_REFERENCE), which costs each a worker process of its own, started when it is created,
+# where on a local cluster it takes one that Ray started ahead (benchmarks/actor_start.py: 2x).
 LOCAL_SYSTEM_CONFIG = {"max_direct_call_object_size": 0}
 
 
