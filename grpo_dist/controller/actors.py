@@ -78,12 +78,12 @@ class Actors:
             return ray.remote(with_arguments(actor_class, *args)).options(**options).remote()
 
         # Created in this order because a local cluster starts as many worker processes ahead as it
-        # has CPUs (two on two cores) and the first actors take them: the learner and the engines
+        # has CPUs (two on two cores) and the first actors take them: the engines and the learner
         # load a model, the reward actors nothing, so they can best afford to wait for a new one.
-        learner_actor = start_learner(config, placement=placed["learner"][1]) if learner else None  # rank i in bundle i
         rollouts = [restartable("rollout", index, RolloutWorker, config.model, config.rollout, seed * 1000 + index,
                                 config.env, config.agent)
                     for index in range(config.rollout.num_workers)]
+        learner_actor = start_learner(config, placement=placed["learner"][1]) if learner else None  # rank i in bundle i
         reward = effective_reward(config)
         rewards = [restartable("reward", index, RewardWorker, reward) for index in range(config.reward.num_workers)]
         actors = cls(rollouts=rollouts, rewards=rewards, learner=learner_actor,
