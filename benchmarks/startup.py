@@ -2,6 +2,11 @@
 this checkout against a baseline commit, the default job, alternating, in one invocation.
 
     .venv/bin/python benchmarks/startup.py [--baseline main] [--steps 10] [--repeats 2]
+    .venv/bin/python benchmarks/startup.py --job real [--engine transformers] --steps 1
+
+`--job real` runs the real-model recipe as benchmarks/startup_floor.py does (no evaluation;
+`--engine` overrides the recipe's engine), and `first_step_start_s` is when its first step began
+(its end less `time/step_s`: the step itself is compute no start can save).
 
 Both are measured from outside, the same way for each: the command starts at the time the
 process is spawned; the first optimizer step ends at step 1's `time/learn_ended` in
@@ -24,6 +29,8 @@ import tempfile
 import time
 from io import BytesIO
 from pathlib import Path
+
+from vs_trl import JOBS, real_model_folder
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -48,9 +55,31 @@ def one_run(root: Path, steps: int, out: Path, job: tuple[str, ...] = ()) -> dic
         raise RuntimeError(result.stderr[-3000:])
     records = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if r["kind"] == "train"]
-    return {"first_step_s": train[0]["time/learn_ended"] - spawned, "first_step_own_s": train[0]["time/step_s"],
+    first_step_s = train[0]["time/learn_ended"] - spawned
+    start = json.loads((out / "run" / "summary.json").read_text())["timeline"]
+    return {"first_step_s": first_step_s, "first_step_start_s": first_step_s - train[0]["time/step_s"],
+            # the start's own phases (observe/timeline.py): the wait for the actors after the data, the
+            # slowest actor's construction, the first comparison of served and learned weights
+            "actors_wait_s": start["start_s"]["actors"], "slowest_actor_ready_s": max(start["actor_ready_s"].values()),
+            "first_weight_check_s": start["start_s"]["first_weight_check"],
             "last_step_to_exit_s": ended - train[-1]["time/learn_ended"],
             "step_s": statistics.median(r["time/step_s"] for r in train[1:] or train), "wall_s": ended - spawned}
+
+
+def real_job(engine: str | None) -> tuple[tuple[str, ...], str, str]:
+    """The real-model recipe's launch arguments, without evaluation, on `engine` (default: the
+    recipe's); the engine it runs; the model's folder."""
+    model = real_model_folder()
+    engine = engine or recipe_engine(model, JOBS["real"]["config"])
+    return ("--config", JOBS["real"]["config"], f"model.path={model}", "data.eval=null", f"rollout.engine={engine}"), engine, model
+
+
+def recipe_engine(model: str, config: str) -> str:
+    """The engine the recipe names (`auto` resolved as a rollout worker on the CPU resolves it)."""
+    from grpo_dist.config.schema import load_config
+    from grpo_dist.rollout.worker import resolve_engine
+
+    return resolve_engine(load_config(str(ROOT / config), [f"model.path={model}"]).rollout.engine, model_path=model)
 
 
 def main() -> None:
@@ -58,13 +87,17 @@ def main() -> None:
     parser.add_argument("--baseline", default="main", help="git ref of the baseline")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--job", choices=["default", "real"], default="default")
+    parser.add_argument("--engine", choices=["vllm", "transformers"], default=None,
+                        help="the real job's engine (default: the recipe's)")
     args = parser.parse_args()
+    job = real_job(args.engine)[0] if args.job == "real" else ()
     runs: dict[str, list[dict[str, float]]] = {"baseline": [], "this": []}
     with tempfile.TemporaryDirectory() as tmp:
         roots = {"baseline": unpack(args.baseline, Path(tmp) / "baseline"), "this": ROOT}
         for repeat in range(args.repeats):
             for name, root in roots.items():
-                result = one_run(root, args.steps, Path(tmp) / f"{name}-{repeat}")
+                result = one_run(root, args.steps, Path(tmp) / f"{name}-{repeat}", job)
                 runs[name].append(result)
                 print(name, json.dumps({k: round(v, 2) for k, v in result.items()}), flush=True)
     print_medians({name: {key: [r[key] for r in results] for key in results[0]} for name, results in runs.items()},

@@ -38,8 +38,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from startup import ROOT, one_run  # noqa: E402
-from vs_trl import JOBS, real_model_folder  # noqa: E402
+from startup import ROOT, one_run, real_job  # noqa: E402
 
 ONE_PROCESS = "import torch; from transformers import AutoModelForCausalLM, AutoTokenizer"
 
@@ -99,15 +98,6 @@ def timed(code: str, *args: str) -> dict[str, float]:
     return json.loads(answers[-1]) if answers else {"one_process_imports_s": ended - spawned}
 
 
-def recipe_engine(model: str) -> str:
-    """The engine the real recipe names (`auto` resolved as a rollout worker on the CPU resolves it)."""
-    from grpo_dist.config.schema import load_config
-    from grpo_dist.rollout.worker import resolve_engine
-
-    config = load_config(str(ROOT / JOBS["real"]["config"]), [f"model.path={model}"])
-    return resolve_engine(config.rollout.engine, model_path=model)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--job", choices=["default", "real"], default="default")
@@ -116,10 +106,7 @@ def main() -> None:
     parser.add_argument("--engine", choices=["vllm", "transformers"], default=None,
                         help="the real job's engine, ours and the floor's (default: the recipe's)")
     args = parser.parse_args()
-    model = real_model_folder() if args.job == "real" else ""
-    engine = args.engine or (recipe_engine(model) if model else "")
-    job = ("--config", JOBS["real"]["config"], f"model.path={model}", "data.eval=null",
-           f"rollout.engine={engine}") if model else ()
+    job, engine, model = real_job(args.engine) if args.job == "real" else ((), "", "")
     samples: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(args.repeats):
@@ -127,7 +114,7 @@ def main() -> None:
             floor_args = (model, engine) if model else ()
             measured = {**timed(ONE_PROCESS), **timed(RAY_FLOOR, *floor_args), "ours_first_step_s": ours["first_step_s"]}
             if model:
-                measured["ours_first_step_start_s"] = ours["first_step_s"] - ours["first_step_own_s"]
+                measured["ours_first_step_start_s"] = ours["first_step_start_s"]
             for key, value in measured.items():
                 samples.setdefault(key, []).append(value)
             print(json.dumps({k: round(v, 2) for k, v in measured.items()}), flush=True)
