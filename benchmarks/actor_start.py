@@ -24,8 +24,7 @@ from grpo_dist.controller.actors import BY_REFERENCE  # noqa: E402
 from startup_floor import print_against  # noqa: E402
 
 MEASURE = """
-import json, os, sys, time
-os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+import json, sys, time
 import ray
 ray.init(address="local", num_cpus=4, include_dashboard=False)
 time.sleep(3)
