@@ -17,6 +17,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import psutil
 
@@ -97,6 +98,22 @@ def wait_restarted(class_name: str, old_pid: int, root_pid: int | None = None, c
             return pids
         time.sleep(0.2)
     raise TimeoutError(f"ray::{class_name} was not restarted within {timeout_s:.0f} s (old pid {old_pid})")
+
+
+def wait_alive(handle: Any, restarts: int, timeout_s: float = 60.0) -> None:
+    """Wait until Ray's actor table has the actor ALIVE after `restarts` restarts.
+
+    Unlike `wait_restarted` it reads the actor's own record: no other session's processes of the
+    same class can satisfy it, and a call made after it never finds the actor restarting.
+    """
+    from grpo_dist.controller.actors import actor_state
+
+    deadline = time.monotonic() + timeout_s
+    while (state := actor_state(handle)) != ("ALIVE", restarts):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the actor is {state[0]} after {state[1]} restarts, not ALIVE after {restarts} "
+                               f"within {timeout_s:.0f} s")
+        time.sleep(0.2)
 
 
 def session_processes(leader: int) -> list[psutil.Process]:

@@ -18,7 +18,7 @@ from grpo_dist.learner.group import LearnerGroup
 from grpo_dist.learner.worker import Learner
 from grpo_dist.reward.worker import RewardWorker
 from grpo_dist.rollout.worker import RolloutWorker
-from faults import wait_restarted
+from faults import wait_alive
 from test_reward_worker import group
 
 REAL = {"RolloutWorker": RolloutWorker, "RewardWorker": RewardWorker, "Learner": Learner, "LearnerGroup": LearnerGroup}
@@ -100,7 +100,7 @@ def test_on_the_local_cluster_launch_starts_results_stay_out_of_the_driver_and_a
             assert ray.get(done)[0][0].reward_parts["exact_answer"] == [1.0, 0.0]
             pid = ray.get(reward.__ray_call__.remote(lambda _: os.getpid()))
             os.kill(pid, signal.SIGKILL)
-            wait_restarted("RewardWorker", pid)
+            wait_alive(reward, restarts=restart + 1)
         assert ray.get(reward.score.remote([answers]))[0][0].reward_parts["exact_answer"] == [1.0, 0.0]
         assert actor_state(reward) == ("ALIVE", 3)
         actors.stop()
