@@ -7,6 +7,7 @@ import torch
 from grpo_dist.common.distinct import distinct_rows
 from grpo_dist.common.models import load_causal_lm, load_tokenizer
 from grpo_dist.rollout.engine import GenerationEngine
+from grpo_dist.rollout.hf_decoding import preallocated_cache, use_grouped_decode
 from grpo_dist.rollout.sampling import StopStrings, draw, regroup, requests, sampled_logprobs, stop_token_ids
 from grpo_dist.common.types import Completion, SamplingSettings
 from grpo_dist.weights import nccl
@@ -27,6 +28,7 @@ class HFEngine(GenerationEngine):
     def __init__(self, model_path: str, dtype: str = "float32", device: str = "cpu") -> None:
         self.tokenizer = load_tokenizer(model_path)
         self.model = load_causal_lm(model_path, dtype, device)
+        use_grouped_decode(self.model)
         self.device = device
         self.stop_ids = stop_token_ids(model_path, self.tokenizer)
 
@@ -56,8 +58,9 @@ class HFEngine(GenerationEngine):
         # A prompt's G rows share its prefill: each distinct prompt runs once, then its cache
         # rows and last logits are copied to every row that samples from it.
         first, owner = distinct_rows(prompts)
+        cache = preallocated_cache(self.model.config, room=input_ids.shape[1] + sampling.max_new_tokens)
         out = self.model(input_ids=input_ids[first], attention_mask=attention_mask[first], position_ids=positions[first],
-                         use_cache=True, logits_to_keep=1)
+                         past_key_values=cache, use_cache=True, logits_to_keep=1)
         cache, logits = out.past_key_values, out.logits[:, -1]
         if len(first) < len(prompts):
             rows = torch.tensor(owner, device=self.device)
