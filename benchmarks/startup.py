@@ -79,7 +79,7 @@ def recipe_engine(model: str, config: str) -> str:
     from grpo_dist.config.schema import load_config
     from grpo_dist.rollout.worker import resolve_engine
 
-    return resolve_engine(load_config(str(ROOT / config), [f"model.path={model}"]).rollout.engine, model_path=model)
+    return resolve_engine(load_config(str(ROOT / config), [f"model.path={model}"]).rollout.engine)
 
 
 def main() -> None:

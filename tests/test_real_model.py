@@ -43,17 +43,6 @@ def test_the_real_model_is_what_the_tests_assume(real_model, tokenizer):
     assert tokenizer.eos_token_id == tokenizer.pad_token_id == IM_END_ID
 
 
-def test_engine_auto_picks_vllm_on_the_cpu_for_the_real_model(real_model):
-    """Counted from its config alone, as the script counts the weights it writes."""
-    from grpo_dist.common.models import parameter_count
-    from grpo_dist.config.schema import vllm_installed
-    from grpo_dist.rollout.worker import resolve_engine
-
-    assert parameter_count(str(real_model)) == 134_515_008  # scripts/real_model.py's PARAMETERS
-    expected = "vllm" if vllm_installed() else "transformers"
-    assert resolve_engine("auto", num_gpus=0.0, model_path=str(real_model)) == expected
-
-
 def test_chat_prompts_are_the_templates_ids_with_its_default_system_message(tokenizer):
     rows = [{"prompt": q} for q in QUESTIONS] + [{"prompt": [{"role": "system", "content": "Be terse."},
                                                               {"role": "user", "content": "Hi"}]}]

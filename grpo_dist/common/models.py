@@ -4,7 +4,7 @@ engines, the learner and data.py, so that all of them read the same checkpoint t
 from __future__ import annotations
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 from transformers.utils import logging as transformers_logging
 
 from grpo_dist.config.schema import resolve_path
@@ -25,10 +25,3 @@ def load_causal_lm(path: str, dtype: str, device: str = "cpu") -> torch.nn.Modul
     model = AutoModelForCausalLM.from_pretrained(resolve_path(path), dtype=DTYPES[dtype])
     return model.to(device).eval()
 
-
-def parameter_count(path: str) -> int:
-    """The causal LM's parameters (tied ones once), from its config alone: built on the meta device."""
-    config = AutoConfig.from_pretrained(resolve_path(path))
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    return sum(parameter.numel() for parameter in model.parameters())

