@@ -37,17 +37,20 @@ def attention_by_hand(query, key, value, keep, scale):
     return out.transpose(1, 2)
 
 
-def test_a_decode_step_attends_as_each_query_head_to_its_own_key_value_head():
+@pytest.mark.parametrize("dtype,tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_a_decode_step_attends_as_each_query_head_to_its_own_key_value_head(dtype, tolerance):
+    """Against attention by hand in float32 on the same (bf16-rounded) inputs."""
     generator = torch.Generator().manual_seed(0)
     batch, length = 3, 7
-    query = torch.randn(batch, HEADS, 1, DIM, generator=generator)
-    key, value = (torch.randn(batch, KV_HEADS, length, DIM, generator=generator) for _ in range(2))
+    query = torch.randn(batch, HEADS, 1, DIM, generator=generator).to(dtype)
+    key, value = (torch.randn(batch, KV_HEADS, length, DIM, generator=generator).to(dtype) for _ in range(2))
     keep = torch.ones(batch, length, dtype=torch.bool)
     keep[1, :3] = keep[2, :5] = False  # left padding
     scale = 1 / math.sqrt(DIM)
     output, _ = grouped_decode_attention(Attention(), query, key, value, keep[:, None, None, :], scaling=scale)
-    assert output.shape == (batch, 1, HEADS, DIM)
-    torch.testing.assert_close(output, attention_by_hand(query, key, value, keep, scale), rtol=0, atol=1e-5)
+    assert output.shape == (batch, 1, HEADS, DIM) and output.dtype == dtype
+    expected = attention_by_hand(query.float(), key.float(), value.float(), keep, scale)
+    torch.testing.assert_close(output.float(), expected, rtol=0, atol=tolerance)
 
 
 @torch.no_grad()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from transformers.cache_utils import Cache
 
 from grpo_dist.common.distinct import distinct_rows
 from grpo_dist.common.models import load_causal_lm, load_tokenizer
@@ -58,7 +59,7 @@ class HFEngine(GenerationEngine):
         # A prompt's G rows share its prefill: each distinct prompt runs once, then its cache
         # rows and last logits are copied to every row that samples from it.
         first, owner = distinct_rows(prompts)
-        cache = preallocated_cache(self.model.config, room=input_ids.shape[1] + sampling.max_new_tokens)
+        cache = self._kv_cache(room=input_ids.shape[1] + sampling.max_new_tokens)
         out = self.model(input_ids=input_ids[first], attention_mask=attention_mask[first], position_ids=positions[first],
                          past_key_values=cache, use_cache=True, logits_to_keep=1)
         cache, logits = out.past_key_values, out.logits[:, -1]
@@ -96,6 +97,10 @@ class HFEngine(GenerationEngine):
                        finish_reason=reason)
             for ids, lps, reason in zip(tokens, logprobs, finish)
         ]
+
+    def _kv_cache(self, room: int) -> Cache:
+        """An empty KV cache for a call whose rows hold up to `room` positions (rollout/hf_decoding.py)."""
+        return preallocated_cache(self.model.config, room)
 
     def _left_padded(self, prompt_ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         width = max(len(ids) for ids in prompt_ids)
